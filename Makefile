@@ -1,0 +1,74 @@
+# Nectar in C. `make` builds ./infer and ./train; `make test` runs every test.
+CC      ?= cc
+CFLAGS  ?= -O2 -g
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter
+LDLIBS  += -lm
+
+# OpenBLAS, through pkg-config (Debian: libopenblas-dev).
+BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
+BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null)
+BLAS_HINT   := OpenBLAS was not found by pkg-config; on Debian or Ubuntu: apt-get install libopenblas-dev
+
+# nvcc is optional: the CUDA parts build only where it is found.
+NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
+
+SAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+
+PROGRAMS := infer train
+TESTS    := tests/test_core tests/random_model
+
+.PHONY: all test test-unit test-bad-input test-train test-asan clean check-blas info
+
+all: $(PROGRAMS)
+
+check-blas:
+	@test -n "$(BLAS_LIBS)" || { echo "error: $(BLAS_HINT)" >&2; exit 1; }
+
+infer: infer.c nectar.c nectar.h | check-blas
+	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ infer.c nectar.c $(BLAS_LIBS) $(LDLIBS)
+
+train: train.c nectar.c nectar.h | check-blas
+	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ train.c nectar.c $(BLAS_LIBS) $(LDLIBS)
+
+tests/test_core: tests/test_core.c nectar.c nectar.h | check-blas
+	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ tests/test_core.c $(BLAS_LIBS) $(LDLIBS)
+
+tests/random_model: tests/random_model.c nectar.c nectar.h | check-blas
+	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ tests/random_model.c nectar.c $(BLAS_LIBS) $(LDLIBS)
+
+# The same programs under AddressSanitizer and UndefinedBehaviorSanitizer.
+build-asan/infer: infer.c nectar.c nectar.h | check-blas
+	@mkdir -p build-asan
+	$(CC) $(SAN_FLAGS) -std=c11 -D_GNU_SOURCE $(BLAS_CFLAGS) -o $@ infer.c nectar.c $(BLAS_LIBS) $(LDLIBS)
+
+build-asan/train: train.c nectar.c nectar.h | check-blas
+	@mkdir -p build-asan
+	$(CC) $(SAN_FLAGS) -std=c11 -D_GNU_SOURCE $(BLAS_CFLAGS) -o $@ train.c nectar.c $(BLAS_LIBS) $(LDLIBS)
+
+build-asan/test_core: tests/test_core.c nectar.c nectar.h | check-blas
+	@mkdir -p build-asan
+	$(CC) $(SAN_FLAGS) -std=c11 -D_GNU_SOURCE $(BLAS_CFLAGS) -o $@ tests/test_core.c $(BLAS_LIBS) $(LDLIBS)
+
+# `make test` stops at the first failing step.
+test: test-unit test-bad-input test-train test-asan
+
+test-unit: $(TESTS)
+	./tests/test_core
+
+test-train: $(PROGRAMS) tests/random_model
+	bash tests/test_train.sh
+
+test-bad-input: $(PROGRAMS)
+	bash tests/test_bad_input.sh .
+
+test-asan: build-asan/infer build-asan/train build-asan/test_core tests/random_model
+	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_core > /dev/null
+	bash tests/test_bad_input.sh build-asan
+	bash tests/test_train.sh build-asan
+
+info:
+	@echo "OpenBLAS: $(if $(BLAS_LIBS),$(BLAS_LIBS),not found)"
+	@echo "nvcc:     $(if $(NVCC),$(NVCC),not found (CUDA parts skipped))"
+
+clean:
+	rm -rf $(PROGRAMS) $(TESTS) build-asan tests/tmp_*

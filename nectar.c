@@ -1,0 +1,1500 @@
+/* nectar.c - the CPU reference of Nectar in C, on OpenBLAS.
+ *
+ * Read top to bottom: utilities, the model file, attention states and their
+ * merge, Nectar modules (forward next to backward), the transformer forward
+ * with the exact and the Nectar attention side by side, sampling. The
+ * tokenizer comes last. Shapes use the legend at the top of nectar.h.
+ */
+#include "nectar.h"
+
+#include <cblas.h>
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ------------------------------------------------------------------------ */
+/* Utilities                                                                */
+
+void *check_malloc(size_t n, const char *file, int line) {
+    void *p = calloc(n ? n : 1, 1);
+    if (!p) {
+        fprintf(stderr, "error: out of memory allocating %zu bytes at %s:%d\n", n, file, line);
+        exit(1);
+    }
+    return p;
+}
+
+double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) { h ^= p[i]; h *= 1099511628211ULL; }
+    return h;
+}
+
+uint32_t rng_u32(uint64_t *state) {  /* xorshift*, as llama2.c */
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    return (uint32_t)((*state * 0x2545F4914F6CDD1DULL) >> 32);
+}
+
+float rng_uniform(uint64_t *state) { return (rng_u32(state) >> 8) / 16777216.0f; }
+
+float rng_normal(uint64_t *state) {  /* Box-Muller */
+    float u1 = rng_uniform(state), u2 = rng_uniform(state);
+    return sqrtf(-2.0f * logf(1.0f - u1)) * cosf(6.2831853f * u2);
+}
+
+/* Writes the parts to path atomically: a temporary file, then rename. */
+static int write_file_atomic(const char *path, const void *const *parts,
+                             const size_t *sizes, int n_parts) {
+    size_t len = strlen(path);
+    char *tmp = xmalloc(len + 5);
+    memcpy(tmp, path, len);
+    memcpy(tmp + len, ".tmp", 5);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        fprintf(stderr, "error: cannot write %s: %s\n", tmp, strerror(errno));
+        free(tmp);
+        return -1;
+    }
+    int ok = 1;
+    for (int i = 0; i < n_parts && ok; i++)
+        ok = sizes[i] == 0 || fwrite(parts[i], 1, sizes[i], f) == sizes[i];
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        fprintf(stderr, "error: writing %s failed: %s\n", path, strerror(errno));
+        remove(tmp);
+        free(tmp);
+        return -1;
+    }
+    free(tmp);
+    return 0;
+}
+
+/* Reads a whole file; NULL after a sentence. */
+static unsigned char *read_file(const char *path, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "error: cannot open %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    if (fseek(f, 0, SEEK_END) != 0) { fclose(f); fprintf(stderr, "error: cannot seek in %s\n", path); return NULL; }
+    long end = ftell(f);
+    if (end < 0) { fclose(f); fprintf(stderr, "error: %s is not a regular file\n", path); return NULL; }
+    rewind(f);
+    unsigned char *buf = xmalloc((size_t)end + 1);
+    if (fread(buf, 1, (size_t)end, f) != (size_t)end) {
+        fprintf(stderr, "error: cannot read %s\n", path);
+        fclose(f);
+        free(buf);
+        return NULL;
+    }
+    fclose(f);
+    buf[end] = 0;
+    *size = (size_t)end;
+    return buf;
+}
+
+char *read_text_file(const char *path) {
+    size_t size;
+    return (char *)read_file(path, &size);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Model: llama2.c "v0" checkpoints                                         */
+
+enum { HEADER_INTS = 7 };
+
+/* Number of floats of each tensor, in file order (RoPE tables included). */
+typedef struct { size_t count[14]; } TensorSizes;
+
+static TensorSizes tensor_sizes(const Config *c, int shared) {
+    size_t D = c->dim, F = c->hidden_dim, L = c->n_layers, V = c->vocab_size;
+    size_t d = D / c->n_heads, KVD = d * c->n_kv_heads, T = c->seq_len;
+    TensorSizes t = {{V * D, L * D, L * D * D, L * KVD * D, L * KVD * D, L * D * D,
+                      L * D, L * F * D, L * D * F, L * F * D, D,
+                      T * d / 2, T * d / 2, shared ? 0 : V * D}};
+    return t;
+}
+enum { T_ROPE_REAL = 11, T_ROPE_IMAG = 12, T_CLS = 13 };
+
+/* A sentence and -1 unless the shape is one this code can run. */
+static int check_config(const Config *c, const char *path) {
+    const int limit = 1 << 24;
+    int dims[HEADER_INTS] = {c->dim, c->hidden_dim, c->n_layers, c->n_heads,
+                             c->n_kv_heads, c->vocab_size, c->seq_len};
+    static const char *names[HEADER_INTS] = {"dim", "hidden_dim", "n_layers", "n_heads",
+                                            "n_kv_heads", "vocab_size", "seq_len"};
+    for (int i = 0; i < HEADER_INTS; i++)
+        if (dims[i] <= 0 || dims[i] > limit) {
+            fprintf(stderr, "error: %s: %s = %d is out of range (1..%d)\n", path, names[i], dims[i], limit);
+            return -1;
+        }
+    if (c->dim % c->n_heads != 0) {
+        fprintf(stderr, "error: %s: dim %d is not a multiple of n_heads %d\n", path, c->dim, c->n_heads);
+        return -1;
+    }
+    if (c->n_heads % c->n_kv_heads != 0) {
+        fprintf(stderr, "error: %s: n_heads %d is not a multiple of n_kv_heads %d\n", path, c->n_heads, c->n_kv_heads);
+        return -1;
+    }
+    if ((c->dim / c->n_heads) % 2 != 0) {
+        fprintf(stderr, "error: %s: head size %d is odd; RoPE needs it even\n", path, c->dim / c->n_heads);
+        return -1;
+    }
+    return 0;
+}
+
+void model_refresh(Model *m) {
+    TensorSizes t = tensor_sizes(&m->config, m->shared_classifier);
+    float **views[] = {&m->w.token_embedding, &m->w.rms_att, &m->w.wq, &m->w.wk, &m->w.wv,
+                       &m->w.wo, &m->w.rms_ffn, &m->w.w1, &m->w.w2, &m->w.w3, &m->w.rms_final};
+    float *p = m->params;
+    for (int i = 0; i < 11; i++) { *views[i] = p; p += t.count[i]; }
+    m->w.wcls = m->shared_classifier ? m->w.token_embedding : p;
+    uint64_t h = fnv1a(FNV_OFFSET, &m->config, sizeof(Config));
+    h = fnv1a(h, &m->shared_classifier, sizeof(int));
+    m->fingerprint = fnv1a(h, m->params, m->n_params * sizeof(float));
+}
+
+static size_t model_param_count(const Config *c, int shared) {
+    TensorSizes t = tensor_sizes(c, shared);
+    size_t n = 0;
+    for (int i = 0; i < 14; i++)
+        if (i != T_ROPE_REAL && i != T_ROPE_IMAG) n += t.count[i];
+    return n;
+}
+
+int model_load(Model *m, const char *path) {
+    memset(m, 0, sizeof(*m));
+    size_t size;
+    unsigned char *buf = read_file(path, &size);
+    if (!buf) return -1;
+    if (size < HEADER_INTS * sizeof(int)) {
+        fprintf(stderr, "error: %s is %zu bytes, shorter than a checkpoint header (28 bytes)\n", path, size);
+        free(buf);
+        return -1;
+    }
+    int h[HEADER_INTS];
+    memcpy(h, buf, sizeof(h));
+    Config c = {h[0], h[1], h[2], h[3], h[4], h[5] < 0 ? -h[5] : h[5], h[6]};
+    int shared = h[5] > 0;
+    if (check_config(&c, path) != 0) { free(buf); return -1; }
+    TensorSizes t = tensor_sizes(&c, shared);
+    size_t floats = 0;
+    for (int i = 0; i < 14; i++) floats += t.count[i];
+    size_t expected = sizeof(h) + floats * sizeof(float);
+    if (size != expected) {
+        fprintf(stderr, "error: %s is %zu bytes but its header (dim %d, hidden %d, layers %d, heads %d/%d, "
+                "vocab %d, seq_len %d) needs %zu bytes; the file is %s\n", path, size, c.dim, c.hidden_dim,
+                c.n_layers, c.n_heads, c.n_kv_heads, h[5], c.seq_len, expected,
+                size < expected ? "truncated or not a llama2.c checkpoint" : "longer than its header says");
+        free(buf);
+        return -1;
+    }
+    m->config = c;
+    m->shared_classifier = shared;
+    m->n_params = model_param_count(&c, shared);
+    m->params = xmalloc(m->n_params * sizeof(float));
+    /* copy every tensor but the two RoPE tables, which we recompute */
+    const float *src = (const float *)(buf + sizeof(h));
+    float *dst = m->params;
+    for (int i = 0; i < 14; i++) {
+        if (i != T_ROPE_REAL && i != T_ROPE_IMAG) {
+            memcpy(dst, src, t.count[i] * sizeof(float));
+            dst += t.count[i];
+        }
+        src += t.count[i];
+    }
+    free(buf);
+    model_refresh(m);
+    return 0;
+}
+
+int model_init_random(Model *m, Config c, int shared, uint64_t seed, float std) {
+    memset(m, 0, sizeof(*m));
+    if (check_config(&c, "random model") != 0) return -1;
+    m->config = c;
+    m->shared_classifier = shared;
+    m->n_params = model_param_count(&c, shared);
+    m->params = xmalloc(m->n_params * sizeof(float));
+    model_refresh(m);
+    uint64_t rng = seed ? seed : 1;
+    for (size_t i = 0; i < m->n_params; i++) m->params[i] = std * rng_normal(&rng);
+    size_t LD = (size_t)c.n_layers * c.dim;
+    for (size_t i = 0; i < LD; i++) m->w.rms_att[i] = m->w.rms_ffn[i] = 1.0f;
+    for (int i = 0; i < c.dim; i++) m->w.rms_final[i] = 1.0f;
+    model_refresh(m);
+    return 0;
+}
+
+int model_save(const Model *m, const char *path) {
+    const Config *c = &m->config;
+    int h[HEADER_INTS] = {c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads,
+                          m->shared_classifier ? c->vocab_size : -c->vocab_size, c->seq_len};
+    TensorSizes t = tensor_sizes(c, m->shared_classifier);
+    /* RoPE tables as llama2.c's export writes them: cos and sin of pos * freq_i */
+    int d = c->dim / c->n_heads;
+    float *rope = xmalloc(2 * t.count[T_ROPE_REAL] * sizeof(float));
+    for (int pos = 0; pos < c->seq_len; pos++)
+        for (int i = 0; i < d / 2; i++) {
+            float angle = pos * (1.0f / powf(10000.0f, (2.0f * i) / d));
+            rope[pos * (d / 2) + i] = cosf(angle);
+            rope[t.count[T_ROPE_REAL] + pos * (d / 2) + i] = sinf(angle);
+        }
+    size_t before_rope = 0;
+    for (int i = 0; i < T_ROPE_REAL; i++) before_rope += t.count[i];
+    const void *parts[4] = {h, m->params, rope, m->params + before_rope};
+    size_t sizes[4] = {sizeof(h), before_rope * sizeof(float), 2 * t.count[T_ROPE_REAL] * sizeof(float),
+                       t.count[T_CLS] * sizeof(float)};
+    int rc = write_file_atomic(path, parts, sizes, 4);
+    free(rope);
+    return rc;
+}
+
+void model_free(Model *m) {
+    free(m->params);
+    memset(m, 0, sizeof(*m));
+}
+
+int check_tokens(const Model *m, const int *tokens, int n, const char *what) {
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->config.vocab_size) {
+            fprintf(stderr, "error: %s: token id %d at position %d is outside the vocabulary [0, %d)\n",
+                    what, tokens[i], i, m->config.vocab_size);
+            return -1;
+        }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Attention states and their merge                                         */
+
+void attention_states(int nq, int nk, int d, const float *q, int ldq,
+                      const float *k, const float *v, int ldkv, int visible,
+                      float *A, int ldA, float *lse, int ldlse, float *scores) {
+    if (nk > 0)  /* scores (nq, nk) = Q K^T / sqrt(d) */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, d, 1.0f / sqrtf((float)d),
+                    q, ldq, k, ldkv, 0.0f, scores, nk);
+    for (int i = 0; i < nq; i++) {
+        float *row = scores + (size_t)i * nk;
+        int seen = visible + i < nk ? visible + i : nk;
+        if (seen <= 0) {  /* empty set: state (0, -inf) */
+            memset(row, 0, (size_t)nk * sizeof(float));
+            lse[(size_t)i * ldlse] = -INFINITY;
+            continue;
+        }
+        float max = row[0];
+        for (int j = 1; j < seen; j++) max = row[j] > max ? row[j] : max;
+        float sum = 0.0f;
+        for (int j = 0; j < seen; j++) { row[j] = expf(row[j] - max); sum += row[j]; }
+        /* lse = log sum_j exp(s_j) = max + log sum_j exp(s_j - max) */
+        lse[(size_t)i * ldlse] = max + logf(sum);
+        float inv = 1.0f / sum;
+        for (int j = 0; j < seen; j++) row[j] *= inv;
+        for (int j = seen; j < nk; j++) row[j] = 0.0f;
+    }
+    if (nk > 0)  /* A (nq, d) = P V */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, d, nk, 1.0f,
+                    scores, nk, v, ldkv, 0.0f, A, ldA);
+    else
+        for (int i = 0; i < nq; i++) memset(A + (size_t)i * ldA, 0, (size_t)d * sizeof(float));
+}
+
+/* Backward of A_i = sum_j P_ij v_j, lse_i = log sum_j exp(s_ij), P = softmax(s):
+ *   dv_j  += sum_i P_ij dA_i
+ *   ds_ij  = P_ij (dlse_i + dA_i . v_j - dA_i . A_i)
+ *   dq_i  += sum_j ds_ij k_j / sqrt(d),   dk_j += sum_i ds_ij q_i / sqrt(d) */
+void attention_states_backward(int nq, int nk, int d, const float *q, const float *k,
+                               const float *v, const float *A, const float *scores,
+                               const float *dA, const float *dlse,
+                               float *dq, float *dk, float *dv, float *tmp) {
+    if (nk == 0) return;
+    float scale = 1.0f / sqrtf((float)d);
+    if (dv) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, d, nq, 1.0f,
+                        scores, nk, dA, d, 1.0f, dv, d);
+    /* tmp (nq, nk) = dA V^T, then ds in place */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, d, 1.0f, dA, d, v, d, 0.0f, tmp, nk);
+    for (int i = 0; i < nq; i++) {
+        float dA_dot_A = 0.0f;
+        for (int c = 0; c < d; c++) dA_dot_A += dA[(size_t)i * d + c] * A[(size_t)i * d + c];
+        float g = dlse ? dlse[i] : 0.0f;
+        for (int j = 0; j < nk; j++) {
+            size_t ij = (size_t)i * nk + j;
+            tmp[ij] = scores[ij] * (g + tmp[ij] - dA_dot_A);
+        }
+    }
+    if (dq) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, d, nk, scale,
+                        tmp, nk, k, d, 1.0f, dq, d);
+    if (dk) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, d, nq, scale,
+                        tmp, nk, q, d, 1.0f, dk, d);
+}
+
+/* m = max(lse1, lse2), w_i = exp(lse_i - m):
+ *   A = (w1 A1 + w2 A2) / (w1 + w2),  lse = m + log(w1 + w2).
+ * Two empty states give (0, -inf). A may alias A1 or A2. */
+void merge_states(int d, const float *A1, float lse1, const float *A2, float lse2,
+                  float *A, float *lse) {
+    float m = lse1 > lse2 ? lse1 : lse2;
+    if (m == -INFINITY) {
+        for (int c = 0; c < d; c++) A[c] = 0.0f;
+        *lse = -INFINITY;
+        return;
+    }
+    float w1 = expf(lse1 - m), w2 = expf(lse2 - m);  /* exp(-inf) = 0: an empty side drops out */
+    float inv = 1.0f / (w1 + w2);
+    for (int c = 0; c < d; c++) A[c] = (w1 * A1[c] + w2 * A2[c]) * inv;
+    *lse = m + logf(w1 + w2);
+}
+
+/* g = sigmoid(a_doc - lse_loc); out = g A_doc + (1 - g) A_loc */
+void gate_merge(int d, const float *A_doc, float a_doc, const float *A_loc, float lse_loc, float *out) {
+    float g = 1.0f / (1.0f + expf(lse_loc - a_doc));
+    for (int c = 0; c < d; c++) out[c] = g * A_doc[c] + (1.0f - g) * A_loc[c];
+}
+
+/* ------------------------------------------------------------------------ */
+/* Nectar modules                                                           */
+/*
+ * MLP, width w, input x = input_scale * q (N, d). Hidden layers are numbered
+ * backbone [0, Db), score head [Db, Db+Ds), target head [Db+Ds, Db+Ds+Dt):
+ *   first layer of a chain:  h = SiLU(Vq x + b)
+ *   later layers:            h = SiLU(Vq x + U h_prev + b)   (query re-injected)
+ * Both heads continue from the last backbone layer (or from x when Db = 0):
+ *   a = ws . h_score + bs     (scalar)      A = Wt h_target + bt   (d)
+ * Parameters of hidden layer i: Vq (w, d), U (w, w) when it has a previous
+ * layer, b (w); then ws (in_s), bs (1), Wt (d, in_t), bt (d).
+ *
+ * Quadrature: W, Z (p, d); A = softmax(W q / sqrt d)^T Z and the score is
+ * analytic, a = log sum_j exp(w_j . q / sqrt d): attention over p learned pairs.
+ */
+
+enum { MAX_HIDDEN = 64 };
+
+/* The hidden layer feeding layer i, or -1 when it starts from x. */
+static int mlp_prev(int i, int Db, int Ds) {
+    if (i == 0) return -1;
+    if (i == Db || i == Db + Ds) return Db > 0 ? Db - 1 : -1;  /* a head's first layer */
+    return i - 1;
+}
+
+/* The hidden layer feeding the score (head 0) or target (head 1) output, or -1 for x. */
+static int mlp_head_input(int head, int Db, int Ds, int Dt) {
+    int depth = head == 0 ? Ds : Dt;
+    if (depth > 0) return head == 0 ? Db + Ds - 1 : Db + Ds + Dt - 1;
+    return Db > 0 ? Db - 1 : -1;
+}
+
+typedef struct {
+    float *Vq[MAX_HIDDEN], *U[MAX_HIDDEN], *b[MAX_HIDDEN];
+    float *ws, *bs, *Wt, *bt;
+} MlpParams;
+
+/* Points views at a module's parameter (or gradient) block. */
+static size_t mlp_layout(int d, int w, int Db, int Ds, int Dt, float *base, MlpParams *p) {
+    size_t off = 0;
+    for (int i = 0; i < Db + Ds + Dt; i++) {
+        p->Vq[i] = base + off; off += (size_t)w * d;
+        p->U[i] = mlp_prev(i, Db, Ds) >= 0 ? base + off : NULL;
+        if (p->U[i]) off += (size_t)w * w;
+        p->b[i] = base + off; off += w;
+    }
+    int in_s = mlp_head_input(0, Db, Ds, Dt) >= 0 ? w : d;
+    int in_t = mlp_head_input(1, Db, Ds, Dt) >= 0 ? w : d;
+    p->ws = base + off; off += in_s;
+    p->bs = base + off; off += 1;
+    p->Wt = base + off; off += (size_t)d * in_t;
+    p->bt = base + off; off += d;
+    return off;
+}
+
+size_t mlp_param_count(int d, int w, int Db, int Ds, int Dt) {
+    MlpParams p;
+    return mlp_layout(d, w, Db, Ds, Dt, NULL, &p);
+}
+
+int mlp_width_for_budget(int d, long budget, int Db, int Ds, int Dt) {
+    int w = 0;
+    while ((long)mlp_param_count(d, w + 1, Db, Ds, Dt) <= budget) w++;
+    return w;
+}
+
+static size_t module_param_count(const ModuleSet *s, int size) {
+    if (s->arch == ARCH_MLP)
+        return mlp_param_count(s->head_size, size, s->depth_backbone, s->depth_score, s->depth_target);
+    return 2 * (size_t)size * s->head_size;  /* W, Z */
+}
+
+int moduleset_alloc(ModuleSet *s, ModuleArch arch, int L, int G, int d,
+                    int Db, int Ds, int Dt, const int *size_per_layer, int with_grads) {
+    memset(s, 0, sizeof(*s));
+    if (arch == ARCH_MLP && (Db < 0 || Ds < 0 || Dt < 0 || Db + Ds + Dt > MAX_HIDDEN)) {
+        fprintf(stderr, "error: MLP depths (%d, %d, %d) must be >= 0 and sum to at most %d\n",
+                Db, Ds, Dt, MAX_HIDDEN);
+        return -1;
+    }
+    s->arch = arch;
+    s->n_layers = L; s->n_kv_heads = G; s->head_size = d;
+    s->depth_backbone = Db; s->depth_score = Ds; s->depth_target = Dt;
+    s->modules = xmalloc((size_t)L * G * sizeof(Module));
+    for (int l = 0; l < L; l++) {
+        if (size_per_layer[l] < 1) {
+            fprintf(stderr, "error: layer %d gets a module of size %d; the budget is too small "
+                    "for even one %s\n", l, size_per_layer[l], arch == ARCH_MLP ? "hidden unit" : "pair");
+            moduleset_free(s);
+            return -1;
+        }
+        for (int g = 0; g < G; g++) {
+            Module *mod = &s->modules[l * G + g];
+            mod->d = d;
+            mod->width = arch == ARCH_MLP ? size_per_layer[l] : 0;
+            mod->n_pairs = arch == ARCH_QUAD ? size_per_layer[l] : 0;
+            mod->input_scale = 1.0f;
+            mod->n_params = module_param_count(s, size_per_layer[l]);
+            s->n_params += mod->n_params;
+        }
+    }
+    s->params = xmalloc(s->n_params * sizeof(float));
+    if (with_grads) s->grads = xmalloc(s->n_params * sizeof(float));
+    size_t off = 0;
+    for (int i = 0; i < L * G; i++) {
+        s->modules[i].params = s->params + off;
+        s->modules[i].grads = with_grads ? s->grads + off : NULL;
+        off += s->modules[i].n_params;
+    }
+    return 0;
+}
+
+void moduleset_free(ModuleSet *s) {
+    free(s->modules); free(s->params); free(s->grads);
+    promptset_free(&s->heldout);
+    memset(s, 0, sizeof(*s));
+}
+
+int modulework_alloc(ModuleWork *w, const ModuleSet *s, int max_q) {
+    memset(w, 0, sizeof(*w));
+    w->max_q = max_q;
+    w->n_hidden = s->arch == ARCH_MLP ? s->depth_backbone + s->depth_score + s->depth_target : 0;
+    for (int i = 0; i < s->n_layers * s->n_kv_heads; i++) {
+        if (s->modules[i].width > w->max_width) w->max_width = s->modules[i].width;
+        if (s->modules[i].n_pairs > w->max_pairs) w->max_pairs = s->modules[i].n_pairs;
+    }
+    size_t N = max_q, d = s->head_size, hidden = (size_t)w->n_hidden * N * w->max_width;
+    size_t wide = w->max_pairs > w->max_width ? w->max_pairs : w->max_width;
+    w->x = xmalloc(N * d * sizeof(float));
+    w->dx = xmalloc(N * d * sizeof(float));
+    w->pre = xmalloc(hidden * sizeof(float));
+    w->hid = xmalloc(hidden * sizeof(float));
+    w->dhid = xmalloc(hidden * sizeof(float));
+    w->probs = xmalloc(N * w->max_pairs * sizeof(float));
+    w->tmp = xmalloc(N * wide * sizeof(float));
+    return 0;
+}
+
+void modulework_free(ModuleWork *w) {
+    free(w->x); free(w->dx); free(w->pre); free(w->hid); free(w->dhid); free(w->probs); free(w->tmp);
+    memset(w, 0, sizeof(*w));
+}
+
+void mlp_init(ModuleSet *s, uint64_t seed, const float *mean_a, const float *mean_A) {
+    int d = s->head_size, Db = s->depth_backbone, Ds = s->depth_score, Dt = s->depth_target;
+    uint64_t rng = seed ? seed : 1;
+    for (int i = 0; i < s->n_layers * s->n_kv_heads; i++) {
+        Module *mod = &s->modules[i];
+        int w = mod->width;
+        memset(mod->params, 0, mod->n_params * sizeof(float));
+        MlpParams p;
+        mlp_layout(d, w, Db, Ds, Dt, mod->params, &p);
+        for (int k = 0; k < Db + Ds + Dt; k++) {
+            /* Vq x + U h: fan-in d (+ w); N(0, 1/fan_in) keeps pre-activations O(1) */
+            float std = 1.0f / sqrtf((float)(d + (p.U[k] ? w : 0)));
+            for (size_t j = 0; j < (size_t)w * d; j++) p.Vq[k][j] = std * rng_normal(&rng);
+            if (p.U[k]) for (size_t j = 0; j < (size_t)w * w; j++) p.U[k][j] = std * rng_normal(&rng);
+        }
+        /* output layers start at zero, biases at the training means: the
+         * untrained module predicts the mean state */
+        p.bs[0] = mean_a ? mean_a[i] : 0.0f;
+        for (int c = 0; c < d; c++) p.bt[c] = mean_A ? mean_A[(size_t)i * d + c] : 0.0f;
+    }
+}
+
+void quad_init_from_cache(ModuleSet *s, const DocCache *doc) {
+    int d = s->head_size, G = s->n_kv_heads;
+    for (int l = 0; l < s->n_layers; l++)
+        for (int g = 0; g < G; g++) {
+            Module *mod = &s->modules[l * G + g];
+            float *W = mod->params, *Z = mod->params + (size_t)mod->n_pairs * d;
+            for (int j = 0; j < mod->n_pairs; j++) {
+                size_t src = ((size_t)l * doc->n + j) * doc->kv_dim + (size_t)g * d;
+                memcpy(W + (size_t)j * d, doc->key + src, d * sizeof(float));
+                memcpy(Z + (size_t)j * d, doc->value + src, d * sizeof(float));
+            }
+        }
+}
+
+static float silu(float z) { return z / (1.0f + expf(-z)); }
+
+/* out (N, n_out) = in (N, n_in) W^T + b: a linear layer, W stored (n_out, n_in). */
+static void linear_forward(int N, int n_in, int n_out, const float *in, const float *W,
+                           const float *b, float *out) {
+    for (int r = 0; r < N; r++) memcpy(out + (size_t)r * n_out, b, n_out * sizeof(float));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, n_out, n_in, 1.0f,
+                in, n_in, W, n_in, 1.0f, out, n_out);
+}
+
+/* Backward of out = in W^T + b: dW += dout^T in, db += sum_r dout_r,
+ * din += dout W (din may be NULL). */
+static void linear_backward(int N, int n_in, int n_out, const float *in, const float *W,
+                            const float *dout, float *dW, float *db, float *din) {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n_out, n_in, N, 1.0f,
+                dout, n_out, in, n_in, 1.0f, dW, n_in);
+    if (db) for (int r = 0; r < N; r++) for (int c = 0; c < n_out; c++) db[c] += dout[(size_t)r * n_out + c];
+    if (din) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, n_in, n_out, 1.0f,
+                         dout, n_out, W, n_in, 1.0f, din, n_in);
+}
+
+void module_forward(const ModuleSet *s, const Module *mod, ModuleWork *w,
+                    const float *q, int N, float *a, float *A) {
+    int d = s->head_size;
+    if (s->arch == ARCH_QUAD) {
+        const float *W = mod->params, *Z = mod->params + (size_t)mod->n_pairs * d;
+        attention_states(N, mod->n_pairs, d, q, d, W, Z, d, mod->n_pairs, A, d, a, 1, w->probs);
+        return;
+    }
+    int Db = s->depth_backbone, Ds = s->depth_score, Dt = s->depth_target, width = mod->width;
+    MlpParams p;
+    mlp_layout(d, width, Db, Ds, Dt, mod->params, &p);
+    size_t layer_size = (size_t)N * width;
+    for (size_t j = 0; j < (size_t)N * d; j++) w->x[j] = mod->input_scale * q[j];
+    for (int i = 0; i < Db + Ds + Dt; i++) {
+        float *pre = w->pre + i * layer_size, *hid = w->hid + i * layer_size;
+        int prev = mlp_prev(i, Db, Ds);
+        linear_forward(N, d, width, w->x, p.Vq[i], p.b[i], pre);       /* Vq x + b */
+        if (prev >= 0)                                                   /* + U h_prev */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, width, width, 1.0f,
+                        w->hid + prev * layer_size, width, p.U[i], width, 1.0f, pre, width);
+        for (size_t j = 0; j < layer_size; j++) hid[j] = silu(pre[j]);  /* h = SiLU(pre) */
+    }
+    int hs = mlp_head_input(0, Db, Ds, Dt), ht = mlp_head_input(1, Db, Ds, Dt);
+    const float *in_s = hs >= 0 ? w->hid + hs * layer_size : w->x;
+    const float *in_t = ht >= 0 ? w->hid + ht * layer_size : w->x;
+    linear_forward(N, hs >= 0 ? width : d, 1, in_s, p.ws, p.bs, a);   /* a = ws . h + bs */
+    linear_forward(N, ht >= 0 ? width : d, d, in_t, p.Wt, p.bt, A);   /* A = Wt h + bt */
+}
+
+void module_backward(const ModuleSet *s, const Module *mod, ModuleWork *w,
+                     const float *q, int N, const float *a, const float *A,
+                     const float *da, const float *dA, float *dq) {
+    int d = s->head_size;
+    if (s->arch == ARCH_QUAD) {
+        const float *W = mod->params, *Z = mod->params + (size_t)mod->n_pairs * d;
+        float *dW = mod->grads, *dZ = mod->grads + (size_t)mod->n_pairs * d;
+        if (dq) memset(dq, 0, (size_t)N * d * sizeof(float));
+        attention_states_backward(N, mod->n_pairs, d, q, W, Z, A, w->probs, dA, da, dq, dW, dZ, w->tmp);
+        return;
+    }
+    (void)a;
+    int Db = s->depth_backbone, Ds = s->depth_score, Dt = s->depth_target, width = mod->width;
+    MlpParams p, g;
+    mlp_layout(d, width, Db, Ds, Dt, mod->params, &p);
+    mlp_layout(d, width, Db, Ds, Dt, mod->grads, &g);
+    size_t layer_size = (size_t)N * width;
+    int n_hidden = Db + Ds + Dt;
+    memset(w->dhid, 0, n_hidden * layer_size * sizeof(float));
+    memset(w->dx, 0, (size_t)N * d * sizeof(float));
+    /* outputs: a = ws . h_s + bs and A = Wt h_t + bt */
+    int hs = mlp_head_input(0, Db, Ds, Dt), ht = mlp_head_input(1, Db, Ds, Dt);
+    linear_backward(N, hs >= 0 ? width : d, 1, hs >= 0 ? w->hid + hs * layer_size : w->x, p.ws,
+                    da, g.ws, g.bs, hs >= 0 ? w->dhid + hs * layer_size : w->dx);
+    linear_backward(N, ht >= 0 ? width : d, d, ht >= 0 ? w->hid + ht * layer_size : w->x, p.Wt,
+                    dA, g.Wt, g.bt, ht >= 0 ? w->dhid + ht * layer_size : w->dx);
+    /* hidden layers, last first (a layer's input always has a smaller index):
+     * h = SiLU(pre), pre = Vq x + U h_prev + b */
+    for (int i = n_hidden - 1; i >= 0; i--) {
+        float *pre = w->pre + i * layer_size, *dpre = w->dhid + i * layer_size;
+        for (size_t j = 0; j < layer_size; j++) {  /* SiLU'(z) = s(z) (1 + z (1 - s(z))) */
+            float sg = 1.0f / (1.0f + expf(-pre[j]));
+            dpre[j] *= sg * (1.0f + pre[j] * (1.0f - sg));
+        }
+        linear_backward(N, d, width, w->x, p.Vq[i], dpre, g.Vq[i], g.b[i], w->dx);
+        int prev = mlp_prev(i, Db, Ds);
+        if (prev >= 0)
+            linear_backward(N, width, width, w->hid + prev * layer_size, p.U[i], dpre, g.U[i], NULL,
+                            w->dhid + prev * layer_size);
+    }
+    if (dq)  /* x = input_scale q */
+        for (size_t j = 0; j < (size_t)N * d; j++) dq[j] = mod->input_scale * w->dx[j];
+}
+
+void promptset_free(PromptSet *p) {
+    free(p->offsets); free(p->tokens); free(p->challenge);
+    memset(p, 0, sizeof(*p));
+}
+
+/* Module file: a fixed header, a table of (size, input_scale) per module,
+ * every parameter, then the held-out prompts: offsets (n + 1), tokens,
+ * challenge flags (n), all int32. */
+enum { MODULE_MAGIC = 0x5243544E /* "NTCR" */, MODULE_VERSION = 1 };
+typedef struct {
+    uint32_t magic, version;
+    int32_t arch, n_layers, n_kv_heads, head_size;
+    int32_t depth_backbone, depth_score, depth_target, n_doc;
+    float rho;
+    int32_t n_heldout;
+    uint64_t model_fingerprint, doc_fingerprint, n_params;
+    int64_t n_heldout_tokens;
+    uint8_t pad[128 - 80];
+} ModuleFileHeader;
+_Static_assert(sizeof(ModuleFileHeader) == 128, "module file header is 128 bytes");
+
+typedef struct { int32_t size; float input_scale; } ModuleFileEntry;
+
+int moduleset_save(const ModuleSet *s, const char *path) {
+    ModuleFileHeader h = {0};
+    h.magic = MODULE_MAGIC; h.version = MODULE_VERSION; h.arch = s->arch;
+    h.n_layers = s->n_layers; h.n_kv_heads = s->n_kv_heads; h.head_size = s->head_size;
+    h.depth_backbone = s->depth_backbone; h.depth_score = s->depth_score;
+    h.depth_target = s->depth_target; h.n_doc = s->n_doc; h.rho = s->rho;
+    h.model_fingerprint = s->model_fingerprint; h.doc_fingerprint = s->doc_fingerprint;
+    h.n_params = s->n_params;
+    const PromptSet *p = &s->heldout;
+    h.n_heldout = p->n_prompts;
+    h.n_heldout_tokens = p->n_prompts ? p->offsets[p->n_prompts] : 0;
+    int count = s->n_layers * s->n_kv_heads;
+    ModuleFileEntry *table = xmalloc(count * sizeof(ModuleFileEntry));
+    for (int i = 0; i < count; i++) {
+        const Module *mod = &s->modules[i];
+        table[i].size = s->arch == ARCH_MLP ? mod->width : mod->n_pairs;
+        table[i].input_scale = mod->input_scale;
+    }
+    int32_t *flags = xmalloc((p->n_prompts + 1) * sizeof(int32_t));
+    for (int i = 0; i < p->n_prompts; i++) flags[i] = p->challenge[i];
+    const void *parts[6] = {&h, table, s->params, p->offsets, p->tokens, flags};
+    size_t sizes[6] = {sizeof(h), count * sizeof(ModuleFileEntry), s->n_params * sizeof(float),
+                       p->n_prompts ? (p->n_prompts + 1) * sizeof(int32_t) : 0,
+                       h.n_heldout_tokens * sizeof(int32_t), p->n_prompts * sizeof(int32_t)};
+    int rc = write_file_atomic(path, parts, sizes, 6);
+    free(table); free(flags);
+    return rc;
+}
+
+int moduleset_load(ModuleSet *s, const char *path, uint64_t model_fp, uint64_t doc_fp) {
+    memset(s, 0, sizeof(*s));
+    size_t size;
+    unsigned char *buf = read_file(path, &size);
+    if (!buf) return -1;
+    ModuleFileHeader h;
+    if (size < sizeof(h)) {
+        fprintf(stderr, "error: %s is %zu bytes, shorter than a module file header\n", path, size);
+        free(buf);
+        return -1;
+    }
+    memcpy(&h, buf, sizeof(h));
+    const char *why = NULL;
+    if (h.magic != MODULE_MAGIC) why = "it is not a Nectar module file (bad magic number)";
+    else if (h.version != MODULE_VERSION) why = "its version is not one this program reads";
+    else if (h.arch != ARCH_MLP && h.arch != ARCH_QUAD) why = "its architecture is unknown";
+    else if (h.n_layers <= 0 || h.n_kv_heads <= 0 || h.head_size <= 0 || h.n_doc <= 0 ||
+             h.n_layers > 4096 || h.n_kv_heads > 4096 || h.head_size > 65536 ||
+             h.n_heldout < 0 || h.n_heldout_tokens < 0 || h.n_heldout_tokens > (1 << 28))
+        why = "its dimensions are out of range";
+    if (why) {
+        fprintf(stderr, "error: %s: %s\n", path, why);
+        free(buf);
+        return -1;
+    }
+    int count = h.n_layers * h.n_kv_heads;
+    size_t table_bytes = count * sizeof(ModuleFileEntry);
+    if (size < sizeof(h) + table_bytes) {
+        fprintf(stderr, "error: %s is truncated (its module table is incomplete)\n", path);
+        free(buf);
+        return -1;
+    }
+    ModuleFileEntry *table = (ModuleFileEntry *)(buf + sizeof(h));
+    int *sizes = xmalloc(h.n_layers * sizeof(int));
+    int ok = 1;
+    for (int l = 0; l < h.n_layers; l++) {
+        sizes[l] = table[l * h.n_kv_heads].size;
+        for (int g = 0; g < h.n_kv_heads; g++)
+            ok &= table[l * h.n_kv_heads + g].size == sizes[l] && sizes[l] > 0 && sizes[l] < (1 << 24);
+    }
+    if (!ok || moduleset_alloc(s, h.arch, h.n_layers, h.n_kv_heads, h.head_size, h.depth_backbone,
+                               h.depth_score, h.depth_target, sizes, 0) != 0) {
+        fprintf(stderr, "error: %s: its module table is inconsistent\n", path);
+        free(sizes); free(buf);
+        return -1;
+    }
+    free(sizes);
+    size_t prompt_ints = h.n_heldout ? 2 * (size_t)h.n_heldout + 1 + h.n_heldout_tokens : 0;
+    size_t expected = sizeof(h) + table_bytes + s->n_params * sizeof(float) + prompt_ints * sizeof(int32_t);
+    if (s->n_params != h.n_params || size != expected) {
+        fprintf(stderr, "error: %s is %zu bytes but its header describes %zu; the file is truncated or corrupt\n",
+                path, size, expected);
+        moduleset_free(s); free(buf);
+        return -1;
+    }
+    if (model_fp && h.model_fingerprint != model_fp) why = "it was fitted to a different model";
+    else if (doc_fp && h.doc_fingerprint != doc_fp) why = "it was fitted to a different document";
+    if (why) {
+        fprintf(stderr, "error: %s: %s; refusing to use it\n", path, why);
+        moduleset_free(s); free(buf);
+        return -1;
+    }
+    s->n_doc = h.n_doc; s->rho = h.rho;
+    s->model_fingerprint = h.model_fingerprint; s->doc_fingerprint = h.doc_fingerprint;
+    for (int i = 0; i < count; i++) s->modules[i].input_scale = table[i].input_scale;
+    const unsigned char *at = buf + sizeof(h) + table_bytes;
+    memcpy(s->params, at, s->n_params * sizeof(float));
+    at += s->n_params * sizeof(float);
+    if (h.n_heldout) {  /* held-out prompts: offsets must rise from 0 to the token count */
+        PromptSet *p = &s->heldout;
+        p->n_prompts = h.n_heldout;
+        p->offsets = xmalloc((h.n_heldout + 1) * sizeof(int));
+        p->tokens = xmalloc(h.n_heldout_tokens * sizeof(int));
+        p->challenge = xmalloc(h.n_heldout);
+        memcpy(p->offsets, at, (h.n_heldout + 1) * sizeof(int));
+        at += (h.n_heldout + 1) * sizeof(int);
+        memcpy(p->tokens, at, h.n_heldout_tokens * sizeof(int));
+        at += h.n_heldout_tokens * sizeof(int);
+        int ok_offsets = p->offsets[0] == 0 && p->offsets[h.n_heldout] == h.n_heldout_tokens;
+        for (int i = 0; i < h.n_heldout; i++) {
+            int32_t flag;
+            memcpy(&flag, at + i * sizeof(int32_t), sizeof(flag));
+            p->challenge[i] = flag != 0;
+            ok_offsets &= p->offsets[i + 1] > p->offsets[i];
+        }
+        if (!ok_offsets) {
+            fprintf(stderr, "error: %s: its held-out prompt table is corrupt\n", path);
+            moduleset_free(s); free(buf);
+            return -1;
+        }
+    }
+    free(buf);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Transformer forward                                                      */
+
+int runstate_alloc(RunState *s, const Model *m, const Document *doc, int max_block, int capacity) {
+    memset(s, 0, sizeof(*s));
+    const Config *c = &m->config;
+    size_t B = max_block, D = c->dim, F = c->hidden_dim, H = c->n_heads;
+    size_t KVD = (size_t)c->dim / c->n_heads * c->n_kv_heads;
+    s->max_block = max_block;
+    s->capacity = capacity;
+    s->max_doc = doc && doc->mode == DOC_EXACT && doc->cache ? doc->cache->n : 0;
+    size_t keys = s->max_doc > capacity ? s->max_doc : capacity;
+    s->x = xmalloc(B * D * sizeof(float));
+    s->xb = xmalloc(B * D * sizeof(float));
+    s->q = xmalloc(B * D * sizeof(float));
+    s->k = xmalloc(B * KVD * sizeof(float));
+    s->v = xmalloc(B * KVD * sizeof(float));
+    s->att = xmalloc(B * D * sizeof(float));
+    s->doc_A = xmalloc(B * D * sizeof(float));
+    s->doc_lse = xmalloc(B * H * sizeof(float));
+    s->loc_A = xmalloc(B * D * sizeof(float));
+    s->loc_lse = xmalloc(B * H * sizeof(float));
+    s->hb = xmalloc(B * F * sizeof(float));
+    s->hb2 = xmalloc(B * F * sizeof(float));
+    s->scores = xmalloc(B * keys * sizeof(float));
+    s->logits = xmalloc(B * c->vocab_size * sizeof(float));
+    s->key_cache = xmalloc((size_t)c->n_layers * capacity * KVD * sizeof(float));
+    s->value_cache = xmalloc((size_t)c->n_layers * capacity * KVD * sizeof(float));
+    if (doc && doc->mode == DOC_NECTAR) {
+        s->mq = xmalloc(B * D * sizeof(float));
+        s->ma = xmalloc(B * H * sizeof(float));
+        s->mA = xmalloc(B * D * sizeof(float));
+        modulework_alloc(&s->work, doc->modules, max_block * (c->n_heads / c->n_kv_heads));
+    }
+    return 0;
+}
+
+void runstate_free(RunState *s) {
+    free(s->x); free(s->xb); free(s->q); free(s->k); free(s->v); free(s->att);
+    free(s->doc_A); free(s->doc_lse); free(s->loc_A); free(s->loc_lse);
+    free(s->hb); free(s->hb2); free(s->scores); free(s->logits);
+    free(s->key_cache); free(s->value_cache); free(s->mq); free(s->ma); free(s->mA);
+    modulework_free(&s->work);
+    free(s->tap_q); free(s->tap_doc_A); free(s->tap_doc_lse);
+    memset(s, 0, sizeof(*s));
+}
+
+void runstate_enable_taps(RunState *s, const Model *m) {
+    size_t rows = (size_t)m->config.n_layers * s->max_block;
+    s->tap_q = xmalloc(rows * m->config.dim * sizeof(float));
+    s->tap_doc_A = xmalloc(rows * m->config.dim * sizeof(float));
+    s->tap_doc_lse = xmalloc(rows * m->config.n_heads * sizeof(float));
+}
+
+/* o = w * x / sqrt(mean(x^2) + 1e-5) */
+static void rmsnorm(float *o, const float *x, const float *w, int n) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    ss = 1.0f / sqrtf(ss / n + 1e-5f);
+    for (int i = 0; i < n; i++) o[i] = w[i] * (ss * x[i]);
+}
+
+/* RoPE, llama2.c convention: each adjacent pair (v_i, v_i+1) of a head is
+ * rotated by pos * theta^(-(i mod d) / d), theta = 10000. */
+static void rope(float *vec, int n, int head_size, int pos) {
+    for (int i = 0; i < n; i += 2) {
+        float freq = 1.0f / powf(10000.0f, (i % head_size) / (float)head_size);
+        float angle = pos * freq, fcr = cosf(angle), fci = sinf(angle);
+        float v0 = vec[i], v1 = vec[i + 1];
+        vec[i] = v0 * fcr - v1 * fci;
+        vec[i + 1] = v0 * fci + v1 * fcr;
+    }
+}
+
+/* The local tokens' state: causal attention of the block's queries over the
+ * local keys cached so far, including their own. */
+static void local_states(const Model *m, RunState *s, int l, int ntok, int pos) {
+    const Config *c = &m->config;
+    int d = c->dim / c->n_heads, KVD = d * c->n_kv_heads, group = c->n_heads / c->n_kv_heads;
+    size_t layer = (size_t)l * s->capacity * KVD;
+    for (int h = 0; h < c->n_heads; h++) {
+        size_t kv = layer + (size_t)(h / group) * d;
+        attention_states(ntok, pos + ntok, d, s->q + h * d, c->dim, s->key_cache + kv,
+                         s->value_cache + kv, KVD, pos + 1, s->loc_A + h * d, c->dim,
+                         s->loc_lse + h, c->n_heads, s->scores);
+    }
+}
+
+/* Exact: the document's state from its KV cache (no cache: the empty state). */
+static void document_states_exact(const Model *m, RunState *s, const DocCache *cache, int l, int ntok) {
+    const Config *c = &m->config;
+    int d = c->dim / c->n_heads, KVD = d * c->n_kv_heads, group = c->n_heads / c->n_kv_heads;
+    int n = cache ? cache->n : 0;
+    for (int h = 0; h < c->n_heads; h++) {
+        size_t kv = ((size_t)l * n) * KVD + (size_t)(h / group) * d;
+        attention_states(ntok, n, d, s->q + h * d, c->dim, n ? cache->key + kv : NULL,
+                         n ? cache->value + kv : NULL, KVD, n, s->doc_A + h * d, c->dim,
+                         s->doc_lse + h, c->n_heads, s->scores);
+    }
+}
+
+/* Nectar: the document's state from the module of each KV head, all the
+ * queries of its heads (ntok rows x group heads) in one batch. */
+static void document_states_nectar(const Model *m, RunState *s, const ModuleSet *ms, int l, int ntok) {
+    const Config *c = &m->config;
+    int d = c->dim / c->n_heads, group = c->n_heads / c->n_kv_heads;
+    for (int g = 0; g < c->n_kv_heads; g++) {
+        /* the heads of group g are adjacent: row t holds group * d floats at q + t D + g group d */
+        for (int t = 0; t < ntok; t++)
+            memcpy(s->mq + (size_t)t * group * d, s->q + (size_t)t * c->dim + g * group * d,
+                   group * d * sizeof(float));
+        module_forward(ms, &ms->modules[l * c->n_kv_heads + g], &s->work, s->mq, ntok * group, s->ma, s->mA);
+        for (int t = 0; t < ntok; t++) {
+            memcpy(s->doc_A + (size_t)t * c->dim + g * group * d, s->mA + (size_t)t * group * d,
+                   group * d * sizeof(float));
+            memcpy(s->doc_lse + (size_t)t * c->n_heads + g * group, s->ma + (size_t)t * group,
+                   group * sizeof(float));
+        }
+    }
+}
+
+/* Merges document and local state of every (row, head) into s->att. */
+static void merge_rows(const Model *m, RunState *s, int ntok) {
+    const Config *c = &m->config;
+    int d = c->dim / c->n_heads;
+    for (int t = 0; t < ntok; t++)
+        for (int h = 0; h < c->n_heads; h++) {
+            size_t row = (size_t)t * c->dim + h * d, head = (size_t)t * c->n_heads + h;
+            float lse;
+            merge_states(d, s->doc_A + row, s->doc_lse[head], s->loc_A + row, s->loc_lse[head],
+                         s->att + row, &lse);
+        }
+}
+
+/* The two attention paths, side by side: they differ in one line only,
+ * where the document's state (A, lse) comes from. */
+static void attention_exact(const Model *m, RunState *s, const Document *doc, int l, int ntok, int pos) {
+    document_states_exact(m, s, doc->cache, l, ntok);     /* the document's KV cache */
+    local_states(m, s, l, ntok, pos);
+    merge_rows(m, s, ntok);
+}
+
+static void attention_nectar(const Model *m, RunState *s, const Document *doc, int l, int ntok, int pos) {
+    document_states_nectar(m, s, doc->modules, l, ntok);  /* the document's module */
+    local_states(m, s, l, ntok, pos);
+    merge_rows(m, s, ntok);
+}
+
+int forward(const Model *m, RunState *s, const Document *doc, const int *tokens, int ntok, int pos,
+            int logits) {
+    const Config *c = &m->config;
+    const Weights *w = &m->w;
+    int D = c->dim, F = c->hidden_dim, d = D / c->n_heads, KVD = d * c->n_kv_heads;
+    if (ntok < 1 || ntok > s->max_block || pos < 0 || pos + ntok > s->capacity) {
+        fprintf(stderr, "error: %d tokens at local position %d do not fit the run state "
+                "(block %d, capacity %d)\n", ntok, pos, s->max_block, s->capacity);
+        return -1;
+    }
+    if (check_tokens(m, tokens, ntok, "forward") != 0) return -1;
+    if (doc->mode == DOC_EXACT && doc->cache && doc->cache->n > s->max_doc) {
+        fprintf(stderr, "error: the run state was sized for a document of %d tokens, not %d\n",
+                s->max_doc, doc->cache->n);
+        return -1;
+    }
+    for (int t = 0; t < ntok; t++)
+        memcpy(s->x + (size_t)t * D, w->token_embedding + (size_t)tokens[t] * D, D * sizeof(float));
+
+    for (int l = 0; l < c->n_layers; l++) {
+        for (int t = 0; t < ntok; t++)
+            rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, w->rms_att + (size_t)l * D, D);
+        /* q, k, v (B, D / KVD) = xb Wq^T, xb Wk^T, xb Wv^T */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, D, D, 1.0f, s->xb, D,
+                    w->wq + (size_t)l * D * D, D, 0.0f, s->q, D);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, KVD, D, 1.0f, s->xb, D,
+                    w->wk + (size_t)l * KVD * D, D, 0.0f, s->k, KVD);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, KVD, D, 1.0f, s->xb, D,
+                    w->wv + (size_t)l * KVD * D, D, 0.0f, s->v, KVD);
+        for (int t = 0; t < ntok; t++) {
+            int position = doc->n + pos + t;  /* local tokens follow the document */
+            rope(s->q + (size_t)t * D, D, d, position);
+            rope(s->k + (size_t)t * KVD, KVD, d, position);
+        }
+        size_t cache_row = ((size_t)l * s->capacity + pos) * KVD;
+        memcpy(s->key_cache + cache_row, s->k, (size_t)ntok * KVD * sizeof(float));
+        memcpy(s->value_cache + cache_row, s->v, (size_t)ntok * KVD * sizeof(float));
+
+        if (doc->mode == DOC_NECTAR) attention_nectar(m, s, doc, l, ntok, pos);
+        else attention_exact(m, s, doc, l, ntok, pos);
+        if (s->tap_q) {
+            size_t row = (size_t)l * s->max_block;
+            memcpy(s->tap_q + row * D, s->q, (size_t)ntok * D * sizeof(float));
+            memcpy(s->tap_doc_A + row * D, s->doc_A, (size_t)ntok * D * sizeof(float));
+            memcpy(s->tap_doc_lse + row * c->n_heads, s->doc_lse, (size_t)ntok * c->n_heads * sizeof(float));
+        }
+
+        /* x += att Wo^T */
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, D, D, 1.0f, s->att, D,
+                    w->wo + (size_t)l * D * D, D, 1.0f, s->x, D);
+        /* x += W2 (SiLU(W1 xb) * W3 xb), xb = rmsnorm(x) */
+        for (int t = 0; t < ntok; t++)
+            rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, w->rms_ffn + (size_t)l * D, D);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, F, D, 1.0f, s->xb, D,
+                    w->w1 + (size_t)l * F * D, D, 0.0f, s->hb, F);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, F, D, 1.0f, s->xb, D,
+                    w->w3 + (size_t)l * F * D, D, 0.0f, s->hb2, F);
+        for (size_t i = 0; i < (size_t)ntok * F; i++) s->hb[i] = silu(s->hb[i]) * s->hb2[i];
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, D, F, 1.0f, s->hb, F,
+                    w->w2 + (size_t)l * D * F, F, 1.0f, s->x, D);
+    }
+    if (logits == LOGITS_NONE) return 0;
+    int first = logits == LOGITS_ALL ? 0 : ntok - 1, rows = ntok - first;
+    for (int t = first; t < ntok; t++)
+        rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, w->rms_final, D);
+    /* logits (rows, V) = xb Wcls^T */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, c->vocab_size, D, 1.0f,
+                s->xb + (size_t)first * D, D, w->wcls, D, 0.0f,
+                s->logits + (size_t)first * c->vocab_size, c->vocab_size);
+    return 0;
+}
+
+int doccache_build(DocCache *dc, const Model *m, const int *tokens, int n, int block) {
+    memset(dc, 0, sizeof(*dc));
+    if (n < 1) {
+        fprintf(stderr, "error: the document is empty\n");
+        return -1;
+    }
+    if (check_tokens(m, tokens, n, "document") != 0) return -1;
+    if (block > n) block = n;
+    Document none = {DOC_EXACT, 0, NULL, NULL};
+    RunState s;
+    runstate_alloc(&s, m, &none, block, n);
+    for (int pos = 0; pos < n; pos += block) {
+        int len = n - pos < block ? n - pos : block;
+        forward(m, &s, &none, tokens + pos, len, pos, LOGITS_NONE);
+    }
+    /* the document's local cache becomes its KV cache */
+    dc->n = n;
+    dc->n_layers = m->config.n_layers;
+    dc->kv_dim = m->config.dim / m->config.n_heads * m->config.n_kv_heads;
+    dc->key = s.key_cache; s.key_cache = NULL;
+    dc->value = s.value_cache; s.value_cache = NULL;
+    dc->fingerprint = document_fingerprint(tokens, n);
+    runstate_free(&s);
+    return 0;
+}
+
+uint64_t document_fingerprint(const int *tokens, int n) {
+    return fnv1a(FNV_OFFSET, tokens, (size_t)n * sizeof(int));
+}
+
+void doccache_free(DocCache *dc) {
+    free(dc->key); free(dc->value);
+    memset(dc, 0, sizeof(*dc));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Evaluation                                                               */
+
+/* log softmax of n logits, in doubles */
+static void log_softmax(const float *x, int n, double *out) {
+    double max = x[argmax(x, n)], sum = 0;
+    for (int i = 0; i < n; i++) sum += exp(x[i] - max);
+    double lse = max + log(sum);
+    for (int i = 0; i < n; i++) out[i] = x[i] - lse;
+}
+
+/* KL(p || q) from log-probabilities */
+static double kl_divergence(const double *logp, const double *logq, int n) {
+    double kl = 0;
+    for (int i = 0; i < n; i++) kl += exp(logp[i]) * (logp[i] - logq[i]);
+    return kl;
+}
+
+int evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
+             int challenge_only, EvalResult *r) {
+    const Config *c = &m->config;
+    int L = c->n_layers, H = c->n_heads, G = c->n_kv_heads, D = c->dim, V = c->vocab_size;
+    int d = D / H, group = H / G;
+    memset(r, 0, sizeof(*r));
+    r->score_mse_layer = xmalloc(L * sizeof(double));
+    r->target_mse_layer = xmalloc(L * sizeof(double));
+    int max_len = 1;
+    for (int i = 0; i < prompts->n_prompts; i++) {
+        int len = prompts->offsets[i + 1] - prompts->offsets[i];
+        max_len = len > max_len ? len : max_len;
+    }
+    if (doc->n + max_len > c->seq_len) {
+        fprintf(stderr, "error: document (%d) plus the longest prompt (%d) exceed the context of %d\n",
+                doc->n, max_len, c->seq_len);
+        return -1;
+    }
+    Document full = {DOC_EXACT, doc->n, doc, NULL};
+    Document nectar = {DOC_NECTAR, ms->n_doc, NULL, ms};
+    Document none = {DOC_EXACT, 0, NULL, NULL};
+    RunState sf, sn, s0;
+    runstate_alloc(&sf, m, &full, max_len, max_len);
+    runstate_enable_taps(&sf, m);
+    runstate_alloc(&sn, m, &nectar, max_len, max_len);
+    runstate_alloc(&s0, m, &none, max_len + 1, max_len + 1);
+    ModuleWork w;
+    modulework_alloc(&w, ms, max_len * group);
+    int *with_bos = xmalloc((max_len + 1) * sizeof(int));
+    float *a = xmalloc((size_t)max_len * group * sizeof(float));
+    float *A = xmalloc((size_t)max_len * group * d * sizeof(float));
+    float *q = xmalloc((size_t)max_len * group * d * sizeof(float));
+    double *lp_full = xmalloc(V * sizeof(double)), *lp_other = xmalloc(V * sizeof(double));
+    double *rte_sum = xmalloc((size_t)L * H * sizeof(double));
+    long *layer_samples = xmalloc(L * sizeof(long));
+    long hits_full = 0, hits_nectar = 0, hits_nodoc = 0, agree = 0, agree_nodoc = 0;
+
+    for (int i = 0; i < prompts->n_prompts; i++) {
+        if (challenge_only && !prompts->challenge[i]) continue;
+        const int *prompt = prompts->tokens + prompts->offsets[i];
+        int len = prompts->offsets[i + 1] - prompts->offsets[i];
+        if (check_tokens(m, prompt, len, "evaluation prompt") != 0) return -1;
+        r->n_prompts++;
+        forward(m, &sf, &full, prompt, len, 0, LOGITS_ALL);
+        forward(m, &sn, &nectar, prompt, len, 0, LOGITS_ALL);
+        with_bos[0] = 1;  /* without the document the prompt starts a sequence */
+        memcpy(with_bos + 1, prompt, len * sizeof(int));
+        forward(m, &s0, &none, with_bos, len + 1, 0, LOGITS_ALL);
+        /* next-token predictions at positions 0 .. len-2 */
+        for (int t = 0; t + 1 < len; t++) {
+            const float *lf = sf.logits + (size_t)t * V, *ln = sn.logits + (size_t)t * V;
+            const float *l0 = s0.logits + (size_t)(t + 1) * V;
+            int top_full = argmax(lf, V), top_nectar = argmax(ln, V), top_nodoc = argmax(l0, V);
+            int truth = prompt[t + 1];
+            hits_full += top_full == truth;
+            hits_nectar += top_nectar == truth;
+            hits_nodoc += top_nodoc == truth;
+            agree += top_nectar == top_full;
+            agree_nodoc += top_nodoc == top_full;
+            log_softmax(lf, V, lp_full);
+            log_softmax(ln, V, lp_other);
+            r->kl += kl_divergence(lp_full, lp_other, V);
+            log_softmax(l0, V, lp_other);
+            r->kl_nodoc += kl_divergence(lp_full, lp_other, V);
+            r->n_positions++;
+        }
+        /* the modules on the teacher's queries, against the exact document state */
+        for (int l = 0; l < L; l++)
+            for (int g = 0; g < G; g++) {
+                const float *tq = sf.tap_q + (size_t)l * max_len * D;
+                const float *tA = sf.tap_doc_A + (size_t)l * max_len * D;
+                const float *tlse = sf.tap_doc_lse + (size_t)l * max_len * H;
+                for (int t = 0; t < len; t++)
+                    memcpy(q + (size_t)t * group * d, tq + (size_t)t * D + g * group * d, group * d * sizeof(float));
+                module_forward(ms, &ms->modules[l * G + g], &w, q, len * group, a, A);
+                for (int t = 0; t < len; t++)
+                    for (int j = 0; j < group; j++) {
+                        int h = g * group + j;
+                        size_t row = (size_t)t * group + j;
+                        const float *Aref = tA + (size_t)t * D + h * d, *qh = q + row * d;
+                        double da = a[row] - tlse[(size_t)t * H + h], err = 0, base = 0;
+                        for (int k = 0; k < d; k++) {
+                            double e = A[row * d + k] - Aref[k], b = qh[k] - Aref[k];
+                            err += e * e;
+                            base += b * b;
+                        }
+                        r->score_mse_layer[l] += da * da;
+                        r->target_mse_layer[l] += err;
+                        /* log(||A_theta - A||^2 / ||q - A||^2), guarded against log 0 */
+                        rte_sum[l * H + h] += log((err + 1e-30) / (base + 1e-30));
+                        layer_samples[l]++;
+                    }
+            }
+    }
+    if (r->n_positions > 0) {
+        double n = r->n_positions;
+        r->acc_full = hits_full / n; r->acc_nectar = hits_nectar / n; r->acc_nodoc = hits_nodoc / n;
+        r->agree = agree / n; r->agree_nodoc = agree_nodoc / n;
+        r->kl /= n; r->kl_nodoc /= n;
+        long total = 0;
+        double log_rte = 0;
+        for (int l = 0; l < L; l++) {
+            r->score_mse += r->score_mse_layer[l];
+            r->target_mse += r->target_mse_layer[l];
+            total += layer_samples[l];
+            r->score_mse_layer[l] /= layer_samples[l];
+            r->target_mse_layer[l] /= layer_samples[l];
+            /* each (layer, head) has layer_samples[l] / H queries */
+            for (int h = 0; h < H; h++) log_rte += rte_sum[l * H + h] / (layer_samples[l] / H);
+        }
+        r->score_mse /= total;
+        r->target_mse /= total;
+        r->rte = exp(log_rte / (L * H));
+        r->n_queries = total;
+    }
+    free(with_bos); free(a); free(A); free(q); free(lp_full); free(lp_other); free(rte_sum); free(layer_samples);
+    modulework_free(&w);
+    runstate_free(&sf); runstate_free(&sn); runstate_free(&s0);
+    return 0;
+}
+
+void evalresult_free(EvalResult *r) {
+    free(r->score_mse_layer); free(r->target_mse_layer);
+    memset(r, 0, sizeof(*r));
+}
+
+void print_eval_table(FILE *f, const char *title, const EvalResult *r, int n_layers) {
+    fprintf(f, "%s: %d prompts, %d next-token positions\n", title, r->n_prompts, r->n_positions);
+    fprintf(f, "  %-26s %10s %10s %10s\n", "", "full cache", "Nectar", "no doc");
+    fprintf(f, "  %-26s %10.4f %10.4f %10.4f\n", "token accuracy", r->acc_full, r->acc_nectar, r->acc_nodoc);
+    fprintf(f, "  %-26s %10s %10.2f %10.2f\n", "gap to full cache (pp)", "",
+            100 * (r->acc_full - r->acc_nectar), 100 * (r->acc_full - r->acc_nodoc));
+    fprintf(f, "  %-26s %10s %10.4f %10.4f\n", "top-1 agreement with full", "", r->agree, r->agree_nodoc);
+    fprintf(f, "  %-26s %10s %10.4f %10.4f\n", "mean KL(full || model)", "", r->kl, r->kl_nodoc);
+    fprintf(f, "  module fit on the teacher's queries (%ld evaluations):\n", r->n_queries);
+    fprintf(f, "    score MSE %.4g   target MSE %.4g   relative transport error %.4g\n",
+            r->score_mse, r->target_mse, r->rte);
+    fprintf(f, "    %-6s %12s %12s\n", "layer", "score MSE", "target MSE");
+    for (int l = 0; l < n_layers; l++)
+        fprintf(f, "    %-6d %12.4g %12.4g\n", l, r->score_mse_layer[l], r->target_mse_layer[l]);
+}
+
+void print_eval_json(FILE *f, const EvalResult *r) {
+    fprintf(f, "{\"n_prompts\": %d, \"n_positions\": %d, \"acc_full\": %.6f, \"acc_nectar\": %.6f, "
+            "\"acc_nodoc\": %.6f, \"gap_pp\": %.4f, \"agree\": %.6f, \"agree_nodoc\": %.6f, "
+            "\"kl\": %.6g, \"kl_nodoc\": %.6g, \"score_mse\": %.6g, \"target_mse\": %.6g, \"rte\": %.6g}",
+            r->n_prompts, r->n_positions, r->acc_full, r->acc_nectar, r->acc_nodoc,
+            100 * (r->acc_full - r->acc_nectar), r->agree, r->agree_nodoc, r->kl, r->kl_nodoc,
+            r->score_mse, r->target_mse, r->rte);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Sampling: greedy, temperature, top-p (as llama2.c)                       */
+
+int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i;
+    return best;
+}
+
+int sampler_init(Sampler *s, int vocab_size, float temperature, float topp, uint64_t seed) {
+    s->temperature = temperature;
+    s->topp = topp;
+    s->rng = seed ? seed : 1;
+    s->cand = xmalloc(vocab_size * sizeof(Candidate));
+    return 0;
+}
+
+void sampler_free(Sampler *s) { free(s->cand); }
+
+static int compare_candidates(const void *a, const void *b) {
+    float pa = ((const Candidate *)a)->prob, pb = ((const Candidate *)b)->prob;
+    return (pa < pb) - (pa > pb);  /* descending */
+}
+
+int sample(Sampler *s, float *logits, int n) {
+    if (s->temperature == 0.0f) return argmax(logits, n);
+    /* p = softmax(logits / temperature) */
+    float max = logits[argmax(logits, n)], sum = 0.0f;
+    for (int i = 0; i < n; i++) {
+        s->cand[i].prob = expf((logits[i] - max) / s->temperature);
+        s->cand[i].index = i;
+        sum += s->cand[i].prob;
+    }
+    for (int i = 0; i < n; i++) s->cand[i].prob /= sum;
+    float r = rng_uniform(&s->rng);
+    int count = n;
+    if (s->topp > 0.0f && s->topp < 1.0f) {
+        /* top-p: the smallest set of most likely tokens with mass >= topp */
+        qsort(s->cand, n, sizeof(Candidate), compare_candidates);
+        float mass = 0.0f;
+        for (count = 0; count < n && mass < s->topp; count++) mass += s->cand[count].prob;
+        r *= mass;
+    }
+    float cdf = 0.0f;
+    for (int i = 0; i < count; i++) {
+        cdf += s->cand[i].prob;
+        if (r < cdf) return s->cand[i].index;
+    }
+    return s->cand[count - 1].index;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Tokenizer: llama2.c tokenizer.bin, byte pair encoding                    */
+/* File format (native little-endian): int32 max_token_length, then for every
+ * token: float32 score, int32 length, `length` bytes (no NUL). The number of
+ * tokens is not stored; the caller passes it, or 0 to read to end of file.
+ * encode/decode reproduce the behaviour of llama2.c's run.c. */
+
+#define MAX_TOKEN_BYTES (1 << 20) /* sanity limit for the max_token_length header */
+
+typedef struct { const char *str; int id; } SortEntry;
+
+static int cmp_entry(const void *a, const void *b) {
+    const SortEntry *x = a, *y = b;
+    int c = strcmp(x->str, y->str);
+    return c ? c : (x->id > y->id) - (x->id < y->id); /* equal strings: lower id first */
+}
+
+/* Binary search for str in the sorted vocab; its id, or -1 if absent. */
+static int lookup(const Tokenizer *t, const char *str) {
+    size_t lo = 0, hi = (size_t)t->vocab_size;
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        int c = strcmp(str, t->vocab[t->sorted_ids[mid]]);
+        if (c < 0) hi = mid;
+        else if (c > 0) lo = mid + 1;
+        else return t->sorted_ids[mid];
+    }
+    return -1;
+}
+
+void tokenizer_free(Tokenizer *t) {
+    for (int i = 0; t->vocab && i < t->vocab_size; i++) free(t->vocab[i]);
+    free(t->vocab);
+    free(t->scores);
+    free(t->sorted_ids);
+    t->vocab = NULL; t->scores = NULL; t->sorted_ids = NULL;
+    t->vocab_size = 0;
+}
+
+int tokenizer_load(Tokenizer *t, const char *path, int vocab_size) {
+    char err[160] = "could not be loaded: out of memory";
+    int cap = 0;
+    int32_t mtl, len;
+    float score;
+    memset(t, 0, sizeof *t);
+    for (int i = 0; i < 256; i++) t->byte_pieces[2 * i] = (unsigned char)i; /* 2*i+1 stays 0 */
+    if (vocab_size < 0) {
+        fprintf(stderr, "error: cannot load tokenizer '%s' with a negative vocab_size (%d).\n", path, vocab_size);
+        return -1;
+    }
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "error: cannot open tokenizer file '%s': %s.\n", path, strerror(errno));
+        return -1;
+    }
+    if (fread(&mtl, 1, 4, f) != 4) { snprintf(err, sizeof err, "is too short to hold its 4-byte header"); goto fail; }
+    if (mtl < 0 || mtl > MAX_TOKEN_BYTES) {
+        snprintf(err, sizeof err, "has an implausible max_token_length of %ld", (long)mtl);
+        goto fail;
+    }
+    t->max_token_length = mtl;
+    while (vocab_size == 0 || t->vocab_size < vocab_size) {
+        int i = t->vocab_size;
+        size_t got = fread(&score, 1, 4, f);
+        if (got == 0 && vocab_size == 0 && !ferror(f)) break; /* clean end of file */
+        if (got == 0 && !ferror(f)) {
+            snprintf(err, sizeof err, "has only %d entries but %d were requested", i, vocab_size);
+            goto fail;
+        }
+        if (got != 4 || fread(&len, 1, 4, f) != 4) {
+            snprintf(err, sizeof err, "is truncated inside entry %d", i);
+            goto fail;
+        }
+        if (len < 0 || len > mtl) {
+            snprintf(err, sizeof err, "has entry %d with length %ld, outside 0..max_token_length (%ld)",
+                     i, (long)len, (long)mtl);
+            goto fail;
+        }
+        if (i == cap) { /* grow both arrays */
+            if (cap > INT_MAX / 2) goto fail;
+            int ncap = cap ? cap * 2 : 1024;
+            char **v = realloc(t->vocab, (size_t)ncap * sizeof *v);
+            if (!v) goto fail;
+            t->vocab = v;
+            float *s = realloc(t->scores, (size_t)ncap * sizeof *s);
+            if (!s) goto fail;
+            t->scores = s;
+            cap = ncap;
+        }
+        char *str = malloc((size_t)len + 1);
+        if (!str) goto fail;
+        t->vocab[i] = str;
+        t->scores[i] = score;
+        t->vocab_size++; /* counted now so that tokenizer_free releases it */
+        if (fread(str, 1, (size_t)len, f) != (size_t)len) {
+            snprintf(err, sizeof err, "is truncated inside entry %d", i);
+            goto fail;
+        }
+        str[len] = '\0';
+    }
+    if (t->vocab_size == 0) { snprintf(err, sizeof err, "contains no token entries"); goto fail; }
+    /* sort ids by token string once, for binary search in encode */
+    SortEntry *tmp = malloc((size_t)t->vocab_size * sizeof *tmp);
+    t->sorted_ids = malloc((size_t)t->vocab_size * sizeof *t->sorted_ids);
+    if (!tmp || !t->sorted_ids) { free(tmp); goto fail; }
+    for (int i = 0; i < t->vocab_size; i++) { tmp[i].str = t->vocab[i]; tmp[i].id = i; }
+    qsort(tmp, (size_t)t->vocab_size, sizeof *tmp, cmp_entry);
+    for (int i = 0; i < t->vocab_size; i++) t->sorted_ids[i] = tmp[i].id;
+    free(tmp);
+    fclose(f);
+    return 0;
+fail:
+    fclose(f);
+    fprintf(stderr, "error: tokenizer file '%s' %s.\n", path, err);
+    tokenizer_free(t);
+    return -1;
+}
+
+/* Byte-fallback token for byte b: ids 0..2 are <unk>, <s>, </s>, so bytes start at 3. */
+static int byte_token(const Tokenizer *t, unsigned char b) {
+    return b + 3 < t->vocab_size ? b + 3 : -1;
+}
+
+int tokenizer_encode(const Tokenizer *t, const char *text, int bos, int eos, int *tokens, int max_tokens) {
+    if (!text) { fprintf(stderr, "error: cannot encode a NULL string.\n"); return -1; }
+    size_t len = strlen(text);
+    if (len > INT_MAX - 3) { fprintf(stderr, "error: text of %zu bytes is too long to encode.\n", len); return -1; }
+    /* at most BOS + dummy prefix + one token per byte + EOS */
+    int *buf = malloc((len + 3) * sizeof *buf);
+    /* room for two concatenated tokens, or one 4-byte code point, plus NUL */
+    char *str = malloc((size_t)t->max_token_length * 2 + 5);
+    int n = 0, ret = -1, id;
+    if (!buf || !str) { fprintf(stderr, "error: out of memory while encoding.\n"); goto done; }
+
+    if (bos) buf[n++] = 1;
+    if (len > 0) { /* sentencepiece's add_dummy_prefix */
+        id = lookup(t, " ");
+        if (id < 0 && (id = byte_token(t, ' ')) < 0) goto no_bytes; /* llama2.c would store -1 */
+        buf[n++] = id;
+    }
+    /* one token per UTF-8 code point: a byte plus the continuation bytes (10xxxxxx)
+       after it, at most 4 bytes; unknown code points fall back to one token per byte */
+    const unsigned char *p = (const unsigned char *)text;
+    for (size_t i = 0, k; i < len; i += k) {
+        for (k = 1; k < 4 && i + k < len && (p[i + k] & 0xC0) == 0x80; k++) {}
+        memcpy(str, p + i, k);
+        str[k] = '\0';
+        if ((id = lookup(t, str)) >= 0) { buf[n++] = id; continue; }
+        for (size_t j = 0; j < k; j++) {
+            if ((id = byte_token(t, p[i + j])) < 0) goto no_bytes;
+            buf[n++] = id;
+        }
+    }
+    /* BPE: repeatedly merge the adjacent pair whose concatenation is in the vocab with
+       the highest score (leftmost on ties), until no pair is in the vocab */
+    for (;;) {
+        float best_score = -1e10f;
+        int best_id = -1, best_i = -1;
+        for (int i = 0; i + 1 < n; i++) {
+            size_t la = strlen(t->vocab[buf[i]]);
+            memcpy(str, t->vocab[buf[i]], la);
+            strcpy(str + la, t->vocab[buf[i + 1]]);
+            id = lookup(t, str);
+            if (id >= 0 && t->scores[id] > best_score) { best_score = t->scores[id]; best_id = id; best_i = i; }
+        }
+        if (best_i < 0) break;
+        buf[best_i] = best_id;
+        memmove(buf + best_i + 1, buf + best_i + 2, (size_t)(n - best_i - 2) * sizeof *buf);
+        n--;
+    }
+    if (eos) buf[n++] = 2;
+    if (n > max_tokens) {
+        fprintf(stderr, "error: the text encodes to %d tokens but there is room for only %d.\n", n, max_tokens);
+        goto done;
+    }
+    if (n > 0) memcpy(tokens, buf, (size_t)n * sizeof *buf);
+    ret = n;
+    goto done;
+no_bytes:
+    fprintf(stderr, "error: byte fallback needs token ids 3..258 but the vocab has only %d entries.\n", t->vocab_size);
+done:
+    free(buf);
+    free(str);
+    return ret;
+}
+
+const char *tokenizer_decode(const Tokenizer *t, int prev_token, int token) {
+    if (token < 0 || token >= t->vocab_size) return NULL;
+    const char *piece = t->vocab[token];
+    if (prev_token == 1 && piece[0] == ' ') piece++; /* sentencepiece strips the space after BOS */
+    unsigned char byte; /* raw byte tokens look like "<0x0A>" */
+    if (sscanf(piece, "<0x%02hhX>", &byte) == 1) piece = (const char *)t->byte_pieces + 2 * byte;
+    return piece;
+}
+
+int read_token_ids(const char *path, int **ids) {
+    *ids = NULL;
+    FILE *f = fopen(path, "r");
+    if (!f) { fprintf(stderr, "error: cannot open token id file '%s': %s.\n", path, strerror(errno)); return -1; }
+    int n = 0, cap = 64, line = 1, c, ret = -1;
+    int *a = malloc((size_t)cap * sizeof *a);
+    char word[64];
+    if (!a) { fprintf(stderr, "error: out of memory reading '%s'.\n", path); goto done; }
+    for (;;) {
+        while ((c = fgetc(f)) != EOF && isspace(c)) line += c == '\n';
+        if (c == EOF) break;
+        size_t k = 0;
+        int bad = 0;
+        for (; c != EOF && !isspace(c); c = fgetc(f)) {
+            if (c == '\0' || k == sizeof word - 1) bad = 1; /* NUL byte or absurdly long word */
+            else word[k++] = (char)c;
+        }
+        word[k] = '\0';
+        char *end;
+        errno = 0;
+        long v = strtol(word, &end, 10);
+        if (bad || end == word || *end || errno == ERANGE || v < INT_MIN || v > INT_MAX) {
+            fprintf(stderr, "error: '%s' line %d: item %d (\"%s%s\") is not an integer.\n",
+                    path, line, n + 1, word, bad ? "..." : "");
+            goto done;
+        }
+        if (n == cap) {
+            int *b = cap <= INT_MAX / 2 ? realloc(a, (size_t)cap * 2 * sizeof *a) : NULL;
+            if (!b) { fprintf(stderr, "error: out of memory reading '%s'.\n", path); goto done; }
+            a = b;
+            cap *= 2;
+        }
+        a[n++] = (int)v;
+        line += c == '\n';
+    }
+    if (ferror(f)) { fprintf(stderr, "error: read error in token id file '%s'.\n", path); goto done; }
+    *ids = a;
+    a = NULL;
+    ret = n;
+done:
+    free(a);
+    fclose(f);
+    return ret;
+}

@@ -1,0 +1,331 @@
+/* nectar.h - Nectar in C: the public API of the CPU reference (nectar.c).
+ *
+ * Nectar replaces a fixed document's KV cache by one small module per layer
+ * and KV head. A module maps a rotated query q to an attention *state*
+ * (A, lse): the document's retrieved content A(q) and its log attention mass
+ * alpha(q). States merge exactly by log-sum-exp with the state of the local
+ * tokens (the prompt and what is generated).
+ *
+ * Dimension legend (used in every shape comment):
+ *   D  model dim              F  FFN hidden dim        L  layers
+ *   H  query heads            G  KV heads              d  head size = D / H
+ *   KVD = G * d               V  vocabulary size       T  context (seq_len)
+ *   n  document tokens        m  local tokens (prompt + generated)
+ *   B  tokens in one forward block            N  queries in a module batch
+ *   w  MLP module width       p  quadrature pairs
+ *
+ * Conventions: fp32; natural log; llama2.c "v0" checkpoints and tokenizer.bin;
+ * errors print one sentence on stderr and return -1 (or NULL).
+ */
+#ifndef NECTAR_H
+#define NECTAR_H
+
+#include <stddef.h>
+#include <stdio.h>
+#include <stdint.h>
+
+/* ------------------------------------------------------------------------ */
+/* Model (llama2.c v0 checkpoint)                                           */
+
+typedef struct {
+    int dim;          /* D */
+    int hidden_dim;   /* F */
+    int n_layers;     /* L */
+    int n_heads;      /* H */
+    int n_kv_heads;   /* G */
+    int vocab_size;   /* V (always positive here; see shared_classifier) */
+    int seq_len;      /* T */
+} Config;
+
+typedef struct {          /* views into Model.params, in file order */
+    float *token_embedding; /* (V, D) */
+    float *rms_att;         /* (L, D) */
+    float *wq;              /* (L, D, D)    y = W x, W stored (out, in) */
+    float *wk;              /* (L, KVD, D) */
+    float *wv;              /* (L, KVD, D) */
+    float *wo;              /* (L, D, D) */
+    float *rms_ffn;         /* (L, D) */
+    float *w1;              /* (L, F, D) */
+    float *w2;              /* (L, D, F) */
+    float *w3;              /* (L, F, D) */
+    float *rms_final;       /* (D) */
+    float *wcls;            /* (V, D): token_embedding when shared */
+} Weights;
+
+typedef struct {
+    Config config;
+    int shared_classifier;  /* 1: logits use token_embedding */
+    float *params;          /* all weights in one block (RoPE tables dropped) */
+    size_t n_params;
+    Weights w;
+    uint64_t fingerprint;   /* hash of config and weights */
+} Model;
+
+int  model_load(Model *m, const char *path);
+/* Allocates a model of the given shape with weights drawn from a seeded
+ * normal distribution (scale `std`; RMSNorm weights 1). For tests and demos. */
+int  model_init_random(Model *m, Config c, int shared_classifier, uint64_t seed, float std);
+int  model_save(const Model *m, const char *path);
+void model_free(Model *m);
+/* Sets params views and the fingerprint after params changed. */
+void model_refresh(Model *m);
+/* A sentence and -1 if any id is outside [0, V). `what` names the input. */
+int  check_tokens(const Model *m, const int *tokens, int n, const char *what);
+
+/* ------------------------------------------------------------------------ */
+/* Tokenizer (llama2.c tokenizer.bin) and token-id files                    */
+
+typedef struct {
+    int vocab_size;
+    int max_token_length;
+    char **vocab;                   /* (V) NUL-terminated pieces */
+    float *scores;                  /* (V) merge scores */
+    int *sorted_ids;                /* (V) ids sorted by piece, for lookup */
+    unsigned char byte_pieces[512]; /* each byte as a 1-char string */
+} Tokenizer;
+
+/* vocab_size 0: every entry in the file. */
+int  tokenizer_load(Tokenizer *t, const char *path, int vocab_size);
+void tokenizer_free(Tokenizer *t);
+/* BPE encode as llama2.c does. Returns the count, or -1. */
+int  tokenizer_encode(const Tokenizer *t, const char *text, int bos, int eos,
+                      int *tokens, int max_tokens);
+/* The piece to print for `token` after `prev_token`; NULL if out of range. */
+const char *tokenizer_decode(const Tokenizer *t, int prev_token, int token);
+/* Whitespace-separated integers; returns the count and a malloc'd array. */
+int  read_token_ids(const char *path, int **ids);
+/* A whole text file, NUL-terminated, malloc'd; NULL after a sentence. */
+char *read_text_file(const char *path);
+
+/* ------------------------------------------------------------------------ */
+/* Attention states (GUIDE section 1)                                       */
+
+/* state = (A, lse); the empty set is (0, -inf).
+ * attention_states: for nq queries against nk keys/values,
+ *   s_ij = q_i . k_j / sqrt(d),  lse_i = log sum_j exp(s_ij),
+ *   A_i  = sum_j softmax(s_i)_j v_j,
+ * where query i sees only keys j < visible + i (visible >= nk: all keys).
+ * Rows are strided so heads can be read in place. scores: (nq, nk) scratch,
+ * left holding the softmax probabilities. */
+void attention_states(int nq, int nk, int d,
+                      const float *q, int ldq,
+                      const float *k, const float *v, int ldkv, int visible,
+                      float *A, int ldA, float *lse, int ldlse, float *scores);
+/* Backward of attention_states (all keys visible): given dA (nq, d) and
+ * dlse (nq), the probabilities left in `scores` and the forward A, adds
+ * into dq (nq, d), dk and dv (nk, d). tmp: (nq, nk) scratch. Any of dq, dk,
+ * dv may be NULL. */
+void attention_states_backward(int nq, int nk, int d,
+                               const float *q, const float *k, const float *v,
+                               const float *A, const float *scores,
+                               const float *dA, const float *dlse,
+                               float *dq, float *dk, float *dv, float *tmp);
+/* Merge of two states of the same query (exact split of one softmax sum). */
+void merge_states(int d, const float *A1, float lse1, const float *A2, float lse2,
+                  float *A, float *lse);
+/* Gate form of the same merge (local set not empty):
+ * g = sigmoid(a_doc - lse_loc), out = g A_doc + (1 - g) A_loc. */
+void gate_merge(int d, const float *A_doc, float a_doc, const float *A_loc,
+                float lse_loc, float *out);
+
+/* ------------------------------------------------------------------------ */
+/* Nectar modules: one per (layer, KV head)                                 */
+
+typedef enum { ARCH_MLP = 1, ARCH_QUAD = 2 } ModuleArch;
+
+typedef struct {
+    int d;              /* head size */
+    int width;          /* w (MLP) */
+    int n_pairs;        /* p (quadrature) */
+    float input_scale;  /* MLP input x = input_scale * q (not trained) */
+    size_t n_params;
+    float *params;      /* view into ModuleSet.params */
+    float *grads;       /* view into ModuleSet.grads, or NULL */
+} Module;
+
+/* Prompts, one after another; the held-out ones travel in the module file. */
+typedef struct {
+    int n_prompts;
+    int *offsets;             /* (n_prompts + 1) prompt i is tokens[offsets[i] .. offsets[i+1]) */
+    int *tokens;              /* (offsets[n_prompts]) */
+    unsigned char *challenge; /* (n_prompts) 1: in the challenge split */
+} PromptSet;
+
+void promptset_free(PromptSet *p);
+
+typedef struct {
+    ModuleArch arch;
+    int n_layers, n_kv_heads, head_size;       /* L, G, d */
+    int depth_backbone, depth_score, depth_target; /* Db, Ds, Dt (MLP) */
+    int n_doc;                  /* n: the document length it replaces */
+    float rho;                  /* budget: params / (2 n d) per module */
+    uint64_t model_fingerprint, doc_fingerprint;
+    Module *modules;            /* (L * G), module of (l, g) at l * G + g */
+    float *params;              /* (n_params) every module, contiguous */
+    float *grads;               /* (n_params) or NULL */
+    size_t n_params;
+    PromptSet heldout;          /* held-out prompts, for infer --eval */
+} ModuleSet;
+
+/* Parameters of one MLP module of width w. */
+size_t mlp_param_count(int d, int w, int Db, int Ds, int Dt);
+/* The largest width whose parameter count fits `budget`; 0 if none. */
+int    mlp_width_for_budget(int d, long budget, int Db, int Ds, int Dt);
+/* Allocates a set; widths (MLP) or pair counts (quad) per layer: (L). */
+int  moduleset_alloc(ModuleSet *s, ModuleArch arch, int L, int G, int d,
+                     int Db, int Ds, int Dt, const int *size_per_layer, int with_grads);
+void moduleset_free(ModuleSet *s);
+int  moduleset_save(const ModuleSet *s, const char *path);
+/* Refuses a file fitted to another model or document (fingerprints given;
+ * 0 skips that check) with a sentence. */
+int  moduleset_load(ModuleSet *s, const char *path, uint64_t model_fp, uint64_t doc_fp);
+
+/* Scratch for a batch of up to max_q queries through one module. */
+typedef struct {
+    int max_q, max_width, max_pairs, n_hidden;
+    float *x;       /* (N, d)  scaled input */
+    float *pre;     /* (n_hidden, N, w) pre-activations */
+    float *hid;     /* (n_hidden, N, w) SiLU(pre) */
+    float *dhid;    /* (n_hidden, N, w) gradient scratch */
+    float *dx;      /* (N, d) */
+    float *probs;   /* (N, p) quadrature softmax */
+    float *tmp;     /* (N, max(p, w)) */
+} ModuleWork;
+
+int  modulework_alloc(ModuleWork *w, const ModuleSet *s, int max_q);
+void modulework_free(ModuleWork *w);
+/* Random init (seeded). MLP: hidden N(0, 1/fan_in), output weights 0 and
+ * output biases at the given means (mean_a (L*G), mean_A (L*G, d); NULL = 0).
+ * Quadrature needs quad_init_from_cache instead. */
+void mlp_init(ModuleSet *s, uint64_t seed, const float *mean_a, const float *mean_A);
+/* W, Z = the first p cached keys/values of each (layer, KV head). */
+struct DocCache;
+void quad_init_from_cache(ModuleSet *s, const struct DocCache *doc);
+/* Forward of N queries q (N, d) -> a (N), A (N, d). Keeps what backward needs. */
+void module_forward(const ModuleSet *s, const Module *mod, ModuleWork *w,
+                    const float *q, int N, float *a, float *A);
+/* Backward: given da (N), dA (N, d), adds parameter gradients into
+ * mod->grads and, if dq is not NULL, writes dq (N, d). */
+void module_backward(const ModuleSet *s, const Module *mod, ModuleWork *w,
+                     const float *q, int N, const float *a, const float *A,
+                     const float *da, const float *dA, float *dq);
+
+/* ------------------------------------------------------------------------ */
+/* Forward pass                                                             */
+
+typedef struct DocCache {
+    int n;          /* document tokens */
+    int n_layers, kv_dim;
+    float *key;     /* (L, n, KVD) rotated at positions 0..n-1 */
+    float *value;   /* (L, n, KVD) */
+    uint64_t fingerprint; /* hash of the document's token ids */
+} DocCache;
+
+/* Where the document's attention state comes from. */
+/* No document: DOC_EXACT with cache NULL (its state is empty, (0, -inf)). */
+typedef enum { DOC_EXACT = 1, DOC_NECTAR = 2 } DocMode;
+
+typedef struct {
+    DocMode mode;
+    int n;                       /* local tokens sit at positions n, n+1, ... */
+    const DocCache *cache;       /* DOC_EXACT */
+    const ModuleSet *modules;    /* DOC_NECTAR */
+} Document;
+
+typedef struct {
+    int max_block, capacity, max_doc;  /* B, local tokens cached, n */
+    float *x;       /* (B, D) residual stream */
+    float *xb;      /* (B, D) */
+    float *q;       /* (B, D) queries of every head, rotated */
+    float *k;       /* (B, KVD) */
+    float *v;       /* (B, KVD) */
+    float *att;     /* (B, D) merged attention output of every head */
+    float *doc_A;   /* (B, H, d) document state per query head */
+    float *doc_lse; /* (B, H) */
+    float *loc_A;   /* (B, H, d) local state */
+    float *loc_lse; /* (B, H) */
+    float *hb;      /* (B, F) */
+    float *hb2;     /* (B, F) */
+    float *scores;  /* (B, max(n, capacity)) */
+    float *logits;  /* (B, V) */
+    float *key_cache;   /* (L, capacity, KVD) local keys, rotated */
+    float *value_cache; /* (L, capacity, KVD) */
+    float *mq;          /* (B * H, d) queries gathered per module */
+    float *ma;          /* (B * H) module scores */
+    float *mA;          /* (B * H, d) module targets */
+    ModuleWork work;    /* for DOC_NECTAR */
+    /* taps: when not NULL, forward copies every layer's queries and document
+     * states here (what the teacher pass records) */
+    float *tap_q;       /* (L, B, D) rotated queries */
+    float *tap_doc_A;   /* (L, B, D) document state A per query head */
+    float *tap_doc_lse; /* (L, B, H) document state lse (alpha) */
+} RunState;
+
+int  runstate_alloc(RunState *s, const Model *m, const Document *doc, int max_block, int capacity);
+void runstate_free(RunState *s);
+/* Allocates the taps (freed with the run state). */
+void runstate_enable_taps(RunState *s, const Model *m);
+
+/* Runs tokens (ntok <= B) at local positions [pos, pos + ntok), writing their
+ * keys/values into the local cache. Logits (LOGITS_*) of every row, of the
+ * last row only (row ntok - 1 of s->logits), or none. Returns 0, or -1 with a
+ * sentence (ids out of range, context exceeded). */
+enum { LOGITS_NONE = 0, LOGITS_LAST = 1, LOGITS_ALL = 2 };
+int forward(const Model *m, RunState *s, const Document *doc,
+            const int *tokens, int ntok, int pos, int logits);
+
+/* Prefill of the document: builds its KV cache in blocks of `block`. */
+int  doccache_build(DocCache *c, const Model *m, const int *tokens, int n, int block);
+void doccache_free(DocCache *c);
+uint64_t document_fingerprint(const int *tokens, int n);
+
+/* ------------------------------------------------------------------------ */
+/* Evaluation (GUIDE section 1, metrics)                                    */
+
+typedef struct {
+    int n_prompts, n_positions;   /* prompts, and next-token predictions counted */
+    long n_queries;               /* module evaluations (positions x query heads x layers) */
+    double acc_full, acc_nectar, acc_nodoc;  /* top-1 against the true next token */
+    double agree, agree_nodoc;    /* top-1 equal to the full-cache model's */
+    double kl, kl_nodoc;          /* mean KL(full || other) per position */
+    double score_mse, target_mse; /* mean (a - alpha)^2, mean ||A_theta - A||^2 */
+    double rte;                   /* exp(mean over modules of mean log(||A_theta - A||^2 / ||q - A||^2)) */
+    double *score_mse_layer, *target_mse_layer;  /* (L) */
+} EvalResult;
+
+/* Runs the full-cache, Nectar and no-document models over each prompt of
+ * `prompts` placed after the document (challenge_only: only those marked). */
+int  evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
+              int challenge_only, EvalResult *r);
+void evalresult_free(EvalResult *r);
+/* Human-readable table, or the body of a JSON object. */
+void print_eval_table(FILE *f, const char *title, const EvalResult *r, int n_layers);
+void print_eval_json(FILE *f, const EvalResult *r);
+
+/* ------------------------------------------------------------------------ */
+/* Sampling and utilities                                                   */
+
+typedef struct { float prob; int index; } Candidate;
+typedef struct {
+    float temperature, topp;
+    uint64_t rng;
+    Candidate *cand;  /* (V) probabilities, sorted for top-p */
+} Sampler;
+
+int  sampler_init(Sampler *s, int vocab_size, float temperature, float topp, uint64_t seed);
+void sampler_free(Sampler *s);
+int  sample(Sampler *s, float *logits, int n);  /* modifies logits */
+int  argmax(const float *x, int n);
+
+uint64_t fnv1a(uint64_t h, const void *data, size_t n);
+#define FNV_OFFSET 1469598103934665603ULL
+uint32_t rng_u32(uint64_t *state);
+float    rng_uniform(uint64_t *state);   /* [0, 1) */
+float    rng_normal(uint64_t *state);
+
+/* Checked libc calls: on failure, name the file and line and exit(1). */
+void *check_malloc(size_t n, const char *file, int line);
+#define xmalloc(n) check_malloc((n), __FILE__, __LINE__)
+double now_seconds(void);
+
+#endif

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Bad input must give one sentence on stderr ("error: ...") and exit status 1:
+# never a crash, a sanitizer report or a silently wrong result.
+# usage: tests/test_bad_input.sh BINDIR   (BINDIR holds infer and train)
+set -u
+bin=${1:-.}
+# Leaks are checked on runs that succeed; a run that stops on an error exits
+# at once without freeing, so only memory errors and UB are checked there.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-}:exitcode=99:detect_leaks=1
+export UBSAN_OPTIONS=halt_on_error=1:exitcode=98:print_stacktrace=1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+model=tests/data/ref_gqa.bin   # dim 48, hidden 128, 2 layers, 6/2 heads, vocab 300, seq_len 64
+tok=tests/data/tok_test.bin
+passed=0 failed=0
+
+# int32 little-endian values as raw bytes
+ints() { for v in "$@"; do printf "$(printf '\\x%02x\\x%02x\\x%02x\\x%02x' $((v & 255)) $((v >> 8 & 255)) $((v >> 16 & 255)) $((v >> 24 & 255)))"; done; }
+
+# expect_error NAME CMD...: exit 1 with "error:" on stderr
+expect_error() {
+    local name=$1; shift
+    ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 "$@" > "$tmp/out" 2> "$tmp/err"
+    local rc=$?
+    if [ $rc -eq 1 ] && grep -q "^error: " "$tmp/err" && ! grep -q "Sanitizer\|runtime error" "$tmp/err"; then
+        printf '  %-52s ok: %s\n' "$name" "$(head -c 150 "$tmp/err" | head -n 1)"
+        passed=$((passed + 1))
+    else
+        printf '  %-52s FAIL (exit %d)\n' "$name" $rc
+        sed 's/^/      /' "$tmp/err" | head -n 20
+        failed=$((failed + 1))
+    fi
+}
+
+# expect_ok NAME CMD...: exit 0, nothing from the sanitizers
+expect_ok() {
+    local name=$1; shift
+    "$@" > "$tmp/out" 2> "$tmp/err"
+    local rc=$?
+    if [ $rc -eq 0 ] && ! grep -q "Sanitizer\|runtime error" "$tmp/err"; then
+        printf '  %-52s ok\n' "$name"; passed=$((passed + 1))
+    else
+        printf '  %-52s FAIL (exit %d)\n' "$name" $rc; sed 's/^/      /' "$tmp/err" | head -n 20
+        failed=$((failed + 1))
+    fi
+}
+
+echo "bad input ($bin)"
+# good inputs first, so the checks below are not passing for a wrong reason
+echo "1 20 30 40" > "$tmp/prompt.ids"
+seq 3 42 | tr '\n' ' ' > "$tmp/doc.ids"
+expect_ok "a valid run (no document)" "$bin/infer" -m $model -I "$tmp/prompt.ids" -n 5 -t 0
+expect_ok "a valid run (document ids)" "$bin/infer" -m $model -D "$tmp/doc.ids" -I "$tmp/prompt.ids" -n 5 -t 0
+expect_ok "a valid run (text, tokenizer)" "$bin/infer" -m $model -z $tok -i "the cat" -n 5 -t 0
+expect_ok "--help" "$bin/infer" --help
+
+# checkpoints
+expect_error "missing model file" "$bin/infer" -m "$tmp/nothing.bin" -I "$tmp/prompt.ids"
+head -c 10 $model > "$tmp/short.bin"
+expect_error "file shorter than the header" "$bin/infer" -m "$tmp/short.bin" -I "$tmp/prompt.ids"
+head -c 5000 $model > "$tmp/trunc.bin"
+expect_error "truncated checkpoint" "$bin/infer" -m "$tmp/trunc.bin" -I "$tmp/prompt.ids"
+{ cat $model; printf 'extra'; } > "$tmp/long.bin"
+expect_error "file longer than its header says" "$bin/infer" -m "$tmp/long.bin" -I "$tmp/prompt.ids"
+{ ints 0 128 2 6 2 300 64; tail -c +29 $model; } > "$tmp/zero.bin"
+expect_error "zero dim in the header" "$bin/infer" -m "$tmp/zero.bin" -I "$tmp/prompt.ids"
+{ ints 48 128 2 5 1 300 64; tail -c +29 $model; } > "$tmp/heads.bin"
+expect_error "dim not a multiple of n_heads" "$bin/infer" -m "$tmp/heads.bin" -I "$tmp/prompt.ids"
+{ ints 48 128 2 6 4 300 64; tail -c +29 $model; } > "$tmp/gqa.bin"
+expect_error "n_heads not a multiple of n_kv_heads" "$bin/infer" -m "$tmp/gqa.bin" -I "$tmp/prompt.ids"
+{ ints 48 128 2 16 2 300 64; tail -c +29 $model; } > "$tmp/odd.bin"
+expect_error "odd head size" "$bin/infer" -m "$tmp/odd.bin" -I "$tmp/prompt.ids"
+{ ints 48 128 2 6 2 2000000000 64; tail -c +29 $model; } > "$tmp/huge.bin"
+expect_error "absurd vocab size" "$bin/infer" -m "$tmp/huge.bin" -I "$tmp/prompt.ids"
+
+# tokens and lengths
+echo "1 20 99999" > "$tmp/big.ids"
+expect_error "token id out of range (prompt)" "$bin/infer" -m $model -I "$tmp/big.ids"
+echo "1 -5 7" > "$tmp/neg.ids"
+expect_error "negative token id (document)" "$bin/infer" -m $model -D "$tmp/neg.ids" -I "$tmp/prompt.ids"
+echo "12 abc 7" > "$tmp/text.ids"
+expect_error "token-id file with a word in it" "$bin/infer" -m $model -I "$tmp/text.ids"
+seq 3 63 | tr '\n' ' ' > "$tmp/long.ids"
+expect_error "document plus prompt beyond the context (61+4 > 64)" "$bin/infer" -m $model -D "$tmp/long.ids" -I "$tmp/prompt.ids"
+: > "$tmp/empty.ids"
+expect_error "empty document" "$bin/infer" -m $model -D "$tmp/empty.ids" -I "$tmp/prompt.ids"
+expect_error "document without a prompt" "$bin/infer" -m $model -D "$tmp/doc.ids"
+expect_error "missing document file" "$bin/infer" -m $model -d "$tmp/none.txt" -i "x" -z $tok
+expect_error "text without a tokenizer" "$bin/infer" -m $model -i "hello"
+
+# tokenizer and flags
+expect_error "missing tokenizer" "$bin/infer" -m $model -z "$tmp/none.bin" -i "x"
+head -c 100 $tok > "$tmp/tok.bin"
+expect_error "truncated tokenizer" "$bin/infer" -m $model -z "$tmp/tok.bin" -i "x"
+expect_error "--encode without a tokenizer" "$bin/infer" --encode -i "x"
+expect_error "unknown option" "$bin/infer" -m $model --frobnicate
+expect_error "-n that is not a number" "$bin/infer" -m $model -n lots
+expect_error "top-p above 1" "$bin/infer" -m $model -p 1.5
+
+echo "$passed passed, $failed failed"
+[ $failed -eq 0 ]

@@ -1,0 +1,572 @@
+/* test_core.c - the CPU reference against closed forms, naive loops,
+ * finite differences and fixtures written by tests/reference.py.
+ *
+ * It includes nectar.c itself so it can reach the static helpers (the MLP
+ * parameter layout). Every check prints what it compared; the last line is
+ * "N passed, M failed" and the exit status is non-zero on any failure.
+ */
+#include "../nectar.c"
+
+static int n_passed, n_failed;
+
+/* |got - ref| <= atol + rtol |ref| elementwise; prints max errors and the
+ * first mismatches. */
+static int check_close(const char *what, const float *got, const double *ref, size_t n,
+                       double atol, double rtol) {
+    double max_abs = 0, max_rel = 0;
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double diff = fabs((double)got[i] - ref[i]);
+        if (!(diff <= atol + rtol * fabs(ref[i])) || isnan(got[i]) != isnan(ref[i])) {
+            if (isinf(ref[i]) && got[i] == ref[i]) continue;  /* -inf == -inf */
+            if (bad < 3) fprintf(stderr, "    %s[%zu]: got %.9g, want %.9g\n", what, i, got[i], ref[i]);
+            bad++;
+        }
+        if (diff > max_abs && !isinf(ref[i])) max_abs = diff;
+        if (fabs(ref[i]) > 1e-12 && diff / fabs(ref[i]) > max_rel && !isinf(ref[i])) max_rel = diff / fabs(ref[i]);
+    }
+    printf("  %-48s max abs %.2e  max rel %.2e  %s\n", what, max_abs, max_rel, bad ? "FAIL" : "ok");
+    if (bad) n_failed++; else n_passed++;
+    return bad == 0;
+}
+
+static int check_close_f(const char *what, const float *got, const float *ref, size_t n,
+                         double atol, double rtol) {
+    double *r = xmalloc(n * sizeof(double));
+    for (size_t i = 0; i < n; i++) r[i] = ref[i];
+    int ok = check_close(what, got, r, n, atol, rtol);
+    free(r);
+    return ok;
+}
+
+static void check(const char *what, int ok) {
+    printf("  %-48s %s\n", what, ok ? "ok" : "FAIL");
+    if (ok) n_passed++; else n_failed++;
+}
+
+static void fill_normal(float *x, size_t n, float std, uint64_t *rng) {
+    for (size_t i = 0; i < n; i++) x[i] = std * rng_normal(rng);
+}
+
+/* Naive double-precision attention state of one query: the closed form. */
+static void naive_state(int nk, int d, const float *q, const float *k, const float *v, int ld,
+                        double *A, double *lse) {
+    double max = -INFINITY, sum = 0, *s = xmalloc((nk + 1) * sizeof(double));
+    for (int j = 0; j < nk; j++) {
+        s[j] = 0;
+        for (int c = 0; c < d; c++) s[j] += (double)q[c] * k[(size_t)j * ld + c];
+        s[j] /= sqrt((double)d);
+        if (s[j] > max) max = s[j];
+    }
+    for (int c = 0; c < d; c++) A[c] = 0;
+    for (int j = 0; j < nk; j++) {
+        double e = exp(s[j] - max);
+        sum += e;
+        for (int c = 0; c < d; c++) A[c] += e * v[(size_t)j * ld + c];
+    }
+    for (int c = 0; c < d; c++) A[c] = nk ? A[c] / sum : 0;
+    *lse = nk ? max + log(sum) : -INFINITY;
+    free(s);
+}
+
+/* ------------------------------------------------------------------------ */
+
+static void test_attention_and_merge(void) {
+    printf("attention states and merge\n");
+    enum { NQ = 5, NK = 37, D = 16 };
+    uint64_t rng = 7;
+    float q[NQ * D], k[NK * D], v[NK * D], A[NQ * D], lse[NQ], scores[NQ * NK];
+    fill_normal(q, NQ * D, 1.5f, &rng);
+    fill_normal(k, NK * D, 1.5f, &rng);
+    fill_normal(v, NK * D, 1.0f, &rng);
+    attention_states(NQ, NK, D, q, D, k, v, D, NK, A, D, lse, 1, scores);
+    double refA[NQ * D], reflse[NQ];
+    for (int i = 0; i < NQ; i++) naive_state(NK, D, q + i * D, k, v, D, refA + i * D, &reflse[i]);
+    check_close("BLAS attention A vs naive loop", A, refA, NQ * D, 1e-5, 1e-4);
+    check_close("BLAS attention lse vs naive loop", lse, reflse, NQ, 1e-5, 1e-5);
+
+    /* causal visibility: query i sees keys j < visible + i */
+    float Ac[NQ * D], lsec[NQ];
+    attention_states(NQ, NK, D, q, D, k, v, D, 30, Ac, D, lsec, 1, scores);
+    for (int i = 0; i < NQ; i++) naive_state(30 + i, D, q + i * D, k, v, D, refA + i * D, &reflse[i]);
+    check_close("causal attention A vs naive loop", Ac, refA, NQ * D, 1e-5, 1e-4);
+    check_close("causal attention lse vs naive loop", lsec, reflse, NQ, 1e-5, 1e-5);
+
+    /* split at every point 0..n, merge, compare with the full state */
+    double worst = 0;
+    int nan_seen = 0;
+    for (int split = 0; split <= NK; split++) {
+        float A1[NQ * D], l1[NQ], A2[NQ * D], l2[NQ];
+        attention_states(NQ, split, D, q, D, k, v, D, split, A1, D, l1, 1, scores);
+        attention_states(NQ, NK - split, D, q, D, k + split * D, v + split * D, D, NK - split, A2, D, l2, 1, scores);
+        for (int i = 0; i < NQ; i++) {
+            float Am[D], lm;
+            merge_states(D, A1 + i * D, l1[i], A2 + i * D, l2[i], Am, &lm);
+            for (int c = 0; c < D; c++) {
+                double e = fabs(Am[c] - A[i * D + c]);
+                worst = e > worst ? e : worst;
+                nan_seen |= isnan(Am[c]);
+            }
+            worst = fabs(lm - lse[i]) > worst ? fabs(lm - lse[i]) : worst;
+        }
+    }
+    printf("    split-then-merge, every split 0..%d: max abs diff %.2e\n", NK, worst);
+    check("merge(doc[0,s), rest[s,n)) == full, s = 0..n", worst <= 2e-6 && !nan_seen);
+
+    /* commutative and associative, on a three-way split */
+    float Aa[D], la, Ab[D], lb, Ac3[D], lc, t1[D], lt1, t2[D], lt2, r1[D], lr1, r2[D], lr2;
+    attention_states(1, 10, D, q, D, k, v, D, 10, Aa, D, &la, 1, scores);
+    attention_states(1, 12, D, q, D, k + 10 * D, v + 10 * D, D, 12, Ab, D, &lb, 1, scores);
+    attention_states(1, 15, D, q, D, k + 22 * D, v + 22 * D, D, 15, Ac3, D, &lc, 1, scores);
+    merge_states(D, Aa, la, Ab, lb, t1, &lt1);
+    merge_states(D, Ab, lb, Aa, la, t2, &lt2);
+    int same = lt1 == lt2;
+    for (int c = 0; c < D; c++) same &= fabsf(t1[c] - t2[c]) <= 1e-7f;
+    check("merge is commutative", same);
+    merge_states(D, t1, lt1, Ac3, lc, r1, &lr1);             /* (a b) c */
+    merge_states(D, Ab, lb, Ac3, lc, t2, &lt2);
+    merge_states(D, Aa, la, t2, lt2, r2, &lr2);              /* a (b c) */
+    double assoc = fabs(lr1 - lr2);
+    for (int c = 0; c < D; c++) assoc = fmax(assoc, fabs(r1[c] - r2[c]));
+    printf("    (a.b).c vs a.(b.c): max abs diff %.2e\n", assoc);
+    check("merge is associative", assoc <= 1e-6);
+
+    /* empty states: (0, -inf) */
+    float zero[D] = {0}, out[D], lo;
+    merge_states(D, zero, -INFINITY, Aa, la, out, &lo);
+    int exact_copy = lo == la;
+    for (int c = 0; c < D; c++) exact_copy &= out[c] == Aa[c];
+    check("merge(empty, x) == x bit for bit", exact_copy);
+    merge_states(D, Aa, la, zero, -INFINITY, out, &lo);
+    exact_copy = lo == la;
+    for (int c = 0; c < D; c++) exact_copy &= out[c] == Aa[c];
+    check("merge(x, empty) == x bit for bit", exact_copy);
+    merge_states(D, zero, -INFINITY, zero, -INFINITY, out, &lo);
+    int empty_ok = lo == -INFINITY;
+    for (int c = 0; c < D; c++) empty_ok &= out[c] == 0.0f;
+    check("merge(empty, empty) == (0, -inf), no NaN", empty_ok);
+
+    /* gate form equals merge form */
+    double gate_worst = 0;
+    for (int trial = 0; trial < 50; trial++) {
+        float Ad[D], Al[D], ad = 8.0f * rng_normal(&rng), ll = 8.0f * rng_normal(&rng), m[D], g[D], lm;
+        fill_normal(Ad, D, 1.0f, &rng);
+        fill_normal(Al, D, 1.0f, &rng);
+        merge_states(D, Ad, ad, Al, ll, m, &lm);
+        gate_merge(D, Ad, ad, Al, ll, g);
+        for (int c = 0; c < D; c++) gate_worst = fmax(gate_worst, fabs(m[c] - g[c]));
+    }
+    printf("    gate vs merge over 50 random states: max abs diff %.2e\n", gate_worst);
+    check("gate form == merge form", gate_worst <= 1e-6);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Modules: a naive double-precision forward, and finite differences on it  */
+
+/* The MLP of nectar.c's comment, in doubles and plain loops. */
+static void naive_mlp(const ModuleSet *s, const Module *mod, const double *params, const float *q,
+                      double *a, double *A) {
+    int d = s->head_size, w = mod->width, Db = s->depth_backbone, Ds = s->depth_score, Dt = s->depth_target;
+    /* offsets of the float layout, applied to the double copy */
+    MlpParams p;
+    mlp_layout(d, w, Db, Ds, Dt, mod->params, &p);
+#define OFF(ptr) (params + ((ptr) - mod->params))
+    double x[256], h[MAX_HIDDEN][256];
+    for (int c = 0; c < d; c++) x[c] = mod->input_scale * q[c];
+    for (int i = 0; i < Db + Ds + Dt; i++) {
+        int prev = mlp_prev(i, Db, Ds);
+        for (int r = 0; r < w; r++) {
+            double z = OFF(p.b[i])[r];
+            for (int c = 0; c < d; c++) z += OFF(p.Vq[i])[r * d + c] * x[c];
+            if (prev >= 0) for (int c = 0; c < w; c++) z += OFF(p.U[i])[r * w + c] * h[prev][c];
+            h[i][r] = z / (1 + exp(-z));
+        }
+    }
+    int hs = mlp_head_input(0, Db, Ds, Dt), ht = mlp_head_input(1, Db, Ds, Dt);
+    const double *in_s = hs >= 0 ? h[hs] : x, *in_t = ht >= 0 ? h[ht] : x;
+    int ns = hs >= 0 ? w : d, nt = ht >= 0 ? w : d;
+    *a = OFF(p.bs)[0];
+    for (int c = 0; c < ns; c++) *a += OFF(p.ws)[c] * in_s[c];
+    for (int r = 0; r < d; r++) {
+        A[r] = OFF(p.bt)[r];
+        for (int c = 0; c < nt; c++) A[r] += OFF(p.Wt)[r * nt + c] * in_t[c];
+    }
+#undef OFF
+}
+
+static void naive_module(const ModuleSet *s, const Module *mod, const double *params, const float *q,
+                         double *a, double *A) {
+    if (s->arch == ARCH_MLP) { naive_mlp(s, mod, params, q, a, A); return; }
+    int d = s->head_size, p = mod->n_pairs;
+    float *W = xmalloc((size_t)2 * p * d * sizeof(float));
+    for (size_t i = 0; i < (size_t)2 * p * d; i++) W[i] = (float)params[i];
+    /* quadrature is attention over (W, Z); done in doubles from here on */
+    double max = -INFINITY, sum = 0, sc[4096];
+    for (int j = 0; j < p; j++) {
+        sc[j] = 0;
+        for (int c = 0; c < d; c++) sc[j] += params[j * d + c] * q[c];
+        sc[j] /= sqrt((double)d);
+        max = fmax(max, sc[j]);
+    }
+    for (int c = 0; c < d; c++) A[c] = 0;
+    for (int j = 0; j < p; j++) {
+        double e = exp(sc[j] - max);
+        sum += e;
+        for (int c = 0; c < d; c++) A[c] += e * params[(size_t)(p + j) * d + c];
+    }
+    for (int c = 0; c < d; c++) A[c] /= sum;
+    *a = max + log(sum);
+    free(W);
+}
+
+/* L = sum_i ca_i a_i + sum_i cA_i . A_i over N queries, in doubles. */
+static double naive_loss(const ModuleSet *s, const Module *mod, const double *params, const float *q,
+                         int N, const float *ca, const float *cA) {
+    int d = s->head_size;
+    double L = 0, a, A[256];
+    for (int i = 0; i < N; i++) {
+        naive_module(s, mod, params, q + (size_t)i * d, &a, A);
+        L += ca[i] * a;
+        for (int c = 0; c < d; c++) L += cA[(size_t)i * d + c] * A[c];
+    }
+    return L;
+}
+
+static void test_module(ModuleArch arch, int Db, int Ds, int Dt, int size) {
+    enum { N = 7, D = 12 };
+    char name[96];
+    if (arch == ARCH_MLP) snprintf(name, sizeof name, "MLP (Db,Ds,Dt)=(%d,%d,%d) w=%d", Db, Ds, Dt, size);
+    else snprintf(name, sizeof name, "quadrature p=%d", size);
+    printf("module %s\n", name);
+    ModuleSet s;
+    moduleset_alloc(&s, arch, 1, 1, D, Db, Ds, Dt, &size, 1);
+    Module *mod = &s.modules[0];
+    uint64_t rng = 99;
+    fill_normal(mod->params, mod->n_params, 0.4f, &rng);  /* nonzero outputs too */
+    mod->input_scale = 0.7f;
+    float q[N * D], ca[N], cA[N * D], a[N], A[N * D], dq[N * D];
+    fill_normal(q, N * D, 1.0f, &rng);
+    fill_normal(ca, N, 1.0f, &rng);
+    fill_normal(cA, N * D, 1.0f, &rng);
+    ModuleWork w;
+    modulework_alloc(&w, &s, N);
+    module_forward(&s, mod, &w, q, N, a, A);
+
+    double *params = xmalloc(mod->n_params * sizeof(double));
+    for (size_t i = 0; i < mod->n_params; i++) params[i] = mod->params[i];
+    double ref_a[N], ref_A[N * D];
+    for (int i = 0; i < N; i++) naive_module(&s, mod, params, q + i * D, &ref_a[i], ref_A + i * D);
+    check_close("forward a vs naive loop", a, ref_a, N, 1e-5, 1e-4);
+    check_close("forward A vs naive loop", A, ref_A, N * D, 1e-5, 1e-4);
+
+    memset(s.grads, 0, s.n_params * sizeof(float));
+    module_backward(&s, mod, &w, q, N, a, A, ca, cA, dq);
+
+    /* central differences in doubles: dL/dtheta_i = (L(+h) - L(-h)) / 2h */
+    const double h = 1e-6;
+    double *fd = xmalloc(mod->n_params * sizeof(double));
+    for (size_t i = 0; i < mod->n_params; i++) {
+        double keep = params[i];
+        params[i] = keep + h; double up = naive_loss(&s, mod, params, q, N, ca, cA);
+        params[i] = keep - h; double down = naive_loss(&s, mod, params, q, N, ca, cA);
+        params[i] = keep;
+        fd[i] = (up - down) / (2 * h);
+    }
+    /* relative error per whole gradient: ||g - fd|| / ||fd|| */
+    double num = 0, den = 0;
+    for (size_t i = 0; i < mod->n_params; i++) {
+        num += (mod->grads[i] - fd[i]) * (mod->grads[i] - fd[i]);
+        den += fd[i] * fd[i];
+    }
+    printf("    parameter gradient: rel err %.2e over %zu params\n", sqrt(num / den), mod->n_params);
+    check("parameter gradient vs finite differences", sqrt(num / den) < 1e-4);
+    check_close("parameter gradient elementwise", mod->grads, fd, mod->n_params, 1e-4, 1e-3);
+
+    /* gradient with respect to the queries */
+    double fdq[N * D], qnum = 0, qden = 0;
+    for (int i = 0; i < N * D; i++) {
+        float keep = q[i];
+        double up, down, a1, A1[256];
+        q[i] = keep + 1e-3f;
+        naive_module(&s, mod, params, q + (i / D) * D, &a1, A1);
+        up = ca[i / D] * a1; for (int c = 0; c < D; c++) up += cA[(i / D) * D + c] * A1[c];
+        float qup = q[i];
+        q[i] = keep - 1e-3f;
+        naive_module(&s, mod, params, q + (i / D) * D, &a1, A1);
+        down = ca[i / D] * a1; for (int c = 0; c < D; c++) down += cA[(i / D) * D + c] * A1[c];
+        fdq[i] = (up - down) / ((double)qup - q[i]);
+        q[i] = keep;
+        qnum += (dq[i] - fdq[i]) * (dq[i] - fdq[i]);
+        qden += fdq[i] * fdq[i];
+    }
+    printf("    query gradient: rel err %.2e\n", sqrt(qnum / qden));
+    check("query gradient vs finite differences", sqrt(qnum / qden) < 1e-3);
+    free(fd); free(params);
+    modulework_free(&w);
+    moduleset_free(&s);
+}
+
+static void test_width_budget(void) {
+    printf("MLP width from the budget\n");
+    int d = 32, ok = 1;
+    for (long budget = 2000; budget < 200000; budget = budget * 3 / 2) {
+        int w = mlp_width_for_budget(d, budget, 1, 1, 1);
+        ok &= (long)mlp_param_count(d, w, 1, 1, 1) <= budget &&
+              (long)mlp_param_count(d, w + 1, 1, 1, 1) > budget;
+    }
+    check("largest width that fits, for budgets 2K..200K", ok);
+    /* the count by hand, (Db,Ds,Dt) = (1,1,1), w = 10, d = 32:
+     * backbone 10*32+10, score 10*32+10*10+10, target same, ws 10 + 1, Wt 32*10 + 32 */
+    size_t by_hand = (320 + 10) + 2 * (320 + 100 + 10) + 11 + 352;
+    check("parameter count matches the count by hand", mlp_param_count(32, 10, 1, 1, 1) == by_hand);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The transformer                                                          */
+
+static Config small_gqa = {64, 160, 3, 8, 2, 97, 128};
+
+/* Oracle equivalence: quadrature modules with p = n, W = K, Z = V return the
+ * exact document state, so the Nectar forward must give the logits of the
+ * plain forward over document + prompt, through prefill and 20 decode steps. */
+static void test_oracle(void) {
+    printf("oracle equivalence (random GQA model, H=8, G=2)\n");
+    Model m;
+    model_init_random(&m, small_gqa, 1, 42, 0.15f);
+    const Config *c = &m.config;
+    enum { NDOC = 40, NPROMPT = 9, NDEC = 20 };
+    int all[NDOC + NPROMPT + NDEC];
+    uint64_t rng = 5;
+    for (int i = 0; i < NDOC + NPROMPT; i++) all[i] = 3 + rng_u32(&rng) % (c->vocab_size - 3);
+
+    /* reference: one plain causal sequence, greedy, token by token after the prefill */
+    Document none = {DOC_EXACT, 0, NULL, NULL};
+    RunState ref;
+    runstate_alloc(&ref, &m, &none, NDOC + NPROMPT, NDOC + NPROMPT + NDEC);
+    float *ref_logits = xmalloc((size_t)(NDEC + 1) * c->vocab_size * sizeof(float));
+    forward(&m, &ref, &none, all, NDOC + NPROMPT, 0, LOGITS_LAST);
+    memcpy(ref_logits, ref.logits + (size_t)(NDOC + NPROMPT - 1) * c->vocab_size, c->vocab_size * sizeof(float));
+    for (int t = 0; t < NDEC; t++) {
+        int pos = NDOC + NPROMPT + t;
+        all[pos] = argmax(ref_logits + (size_t)t * c->vocab_size, c->vocab_size);
+        forward(&m, &ref, &none, &all[pos], 1, pos, LOGITS_LAST);
+        memcpy(ref_logits + (size_t)(t + 1) * c->vocab_size, ref.logits, c->vocab_size * sizeof(float));
+    }
+
+    DocCache cache;
+    doccache_build(&cache, &m, all, NDOC, 16);  /* prefill in blocks of 16 */
+    ModuleSet oracle;
+    int p[3] = {NDOC, NDOC, NDOC};
+    moduleset_alloc(&oracle, ARCH_QUAD, c->n_layers, c->n_kv_heads, c->dim / c->n_heads, 0, 0, 0, p, 0);
+    quad_init_from_cache(&oracle, &cache);
+    oracle.n_doc = NDOC;
+
+    Document docs[2] = {{DOC_EXACT, NDOC, &cache, NULL}, {DOC_NECTAR, NDOC, NULL, &oracle}};
+    const char *names[2] = {"exact (doc cache + local, merged)", "Nectar with oracle modules"};
+    for (int which = 0; which < 2; which++) {
+        RunState s;
+        runstate_alloc(&s, &m, &docs[which], NPROMPT, NPROMPT + NDEC);
+        float *got = xmalloc((size_t)(NDEC + 1) * c->vocab_size * sizeof(float));
+        forward(&m, &s, &docs[which], all + NDOC, NPROMPT, 0, LOGITS_LAST);
+        memcpy(got, s.logits + (size_t)(NPROMPT - 1) * c->vocab_size, c->vocab_size * sizeof(float));
+        for (int t = 0; t < NDEC; t++) {
+            forward(&m, &s, &docs[which], &all[NDOC + NPROMPT + t], 1, NPROMPT + t, LOGITS_LAST);
+            memcpy(got + (size_t)(t + 1) * c->vocab_size, s.logits, c->vocab_size * sizeof(float));
+        }
+        char what[128];
+        snprintf(what, sizeof what, "%s: logits, prefill + %d steps", names[which], NDEC);
+        check_close_f(what, got, ref_logits, (size_t)(NDEC + 1) * c->vocab_size, 1e-4, 0);
+        free(got);
+        runstate_free(&s);
+    }
+    /* the test can fail: without the document the logits are far from these */
+    RunState s;
+    runstate_alloc(&s, &m, &none, NPROMPT, NPROMPT);
+    forward(&m, &s, &none, all + NDOC, NPROMPT, 0, LOGITS_LAST);
+    double nodoc_diff = 0;
+    for (int j = 0; j < c->vocab_size; j++)
+        nodoc_diff = fmax(nodoc_diff, fabs(s.logits[(size_t)(NPROMPT - 1) * c->vocab_size + j] - ref_logits[j]));
+    printf("    no-document logits differ by up to %.3f\n", nodoc_diff);
+    check("the document matters (no-document logits differ > 0.05)", nodoc_diff > 0.05);
+    runstate_free(&s);
+
+    /* quadrature with p = n at the module level: the same alpha and A */
+    ModuleWork w;
+    modulework_alloc(&w, &oracle, 4);
+    float q[4 * 8], a[4], A[4 * 8];
+    double ra[4], rA[4 * 8];
+    int d = c->dim / c->n_heads;
+    fill_normal(q, 4 * d, 1.0f, &rng);
+    module_forward(&oracle, &oracle.modules[1 * c->n_kv_heads + 1], &w, q, 4, a, A);
+    for (int i = 0; i < 4; i++)
+        naive_state(NDOC, d, q + i * d, cache.key + (size_t)1 * NDOC * cache.kv_dim + d,
+                    cache.value + (size_t)1 * NDOC * cache.kv_dim + d, cache.kv_dim, rA + i * d, &ra[i]);
+    check_close("quadrature p=n, W=K, Z=V: alpha", a, ra, 4, 1e-5, 1e-5);
+    check_close("quadrature p=n, W=K, Z=V: A", A, rA, 4 * d, 1e-5, 1e-4);
+    modulework_free(&w);
+    moduleset_free(&oracle);
+    doccache_free(&cache);
+    runstate_free(&ref);
+    free(ref_logits);
+    model_free(&m);
+}
+
+/* Prefill in one block gives the logits of token-by-token decoding. */
+static void test_prefill_vs_decode(void) {
+    printf("prefill vs token-by-token\n");
+    Model m;
+    model_init_random(&m, small_gqa, 0, 3, 0.08f);
+    int V = m.config.vocab_size, n = 23, tokens[23];
+    uint64_t rng = 11;
+    for (int i = 0; i < n; i++) tokens[i] = rng_u32(&rng) % V;
+    Document none = {DOC_EXACT, 0, NULL, NULL};
+    RunState a, b;
+    runstate_alloc(&a, &m, &none, n, n);
+    runstate_alloc(&b, &m, &none, 1, n);
+    forward(&m, &a, &none, tokens, n, 0, LOGITS_ALL);
+    float *step = xmalloc((size_t)n * V * sizeof(float));
+    for (int i = 0; i < n; i++) {
+        forward(&m, &b, &none, &tokens[i], 1, i, LOGITS_LAST);
+        memcpy(step + (size_t)i * V, b.logits, V * sizeof(float));
+    }
+    check_close_f("all logits, block of 23 vs 23 single steps", a.logits, step, (size_t)n * V, 1e-4, 1e-4);
+    free(step);
+    runstate_free(&a); runstate_free(&b);
+    model_free(&m);
+}
+
+static void test_checkpoint_roundtrip(void) {
+    printf("checkpoint write, load, run\n");
+    for (int shared = 0; shared <= 1; shared++) {
+        Model m, back;
+        model_init_random(&m, small_gqa, shared, 17 + shared, 0.08f);
+        const char *path = "tests/tmp_roundtrip.bin";
+        int ok = model_save(&m, path) == 0 && model_load(&back, path) == 0;
+        ok = ok && back.n_params == m.n_params && back.shared_classifier == shared &&
+             memcmp(back.params, m.params, m.n_params * sizeof(float)) == 0 &&
+             back.fingerprint == m.fingerprint;
+        if (ok) {
+            Document none = {DOC_EXACT, 0, NULL, NULL};
+            RunState s1, s2;
+            int tokens[5] = {1, 50, 60, 70, 80};
+            runstate_alloc(&s1, &m, &none, 5, 5);
+            runstate_alloc(&s2, &back, &none, 5, 5);
+            forward(&m, &s1, &none, tokens, 5, 0, LOGITS_ALL);
+            forward(&back, &s2, &none, tokens, 5, 0, LOGITS_ALL);
+            ok = memcmp(s1.logits, s2.logits, 5 * m.config.vocab_size * sizeof(float)) == 0;
+            runstate_free(&s1); runstate_free(&s2);
+            model_free(&back);
+        }
+        check(shared ? "shared classifier: same weights and logits" : "unshared classifier: same weights and logits", ok);
+        remove(path);
+        model_free(&m);
+    }
+}
+
+/* The fixtures of tests/reference.py: logits at every position of
+ * prompt + greedy continuation, and the greedy tokens themselves. */
+static void test_reference_fixture(const char *name) {
+    printf("numpy reference fixture %s\n", name);
+    char path[256], line_kind[16];
+    snprintf(path, sizeof path, "tests/data/%s.bin", name);
+    Model m;
+    if (model_load(&m, path) != 0) { check("fixture model loads", 0); return; }
+    snprintf(path, sizeof path, "tests/data/%s.expect", name);
+    FILE *f = fopen(path, "r");
+    if (!f) { check("fixture expectations open", 0); model_free(&m); return; }
+    int V = m.config.vocab_size, np, ng, seq[512];
+    int ok = fscanf(f, "%15s %d", line_kind, &np) == 2 && np < 256;
+    for (int i = 0; ok && i < np; i++) ok = fscanf(f, "%d", &seq[i]) == 1;
+    ok = ok && fscanf(f, "%15s %d", line_kind, &ng) == 2 && np + ng < 512;
+    for (int i = 0; ok && i < ng; i++) ok = fscanf(f, "%d", &seq[np + i]) == 1;
+    int n = np + ng - 1;  /* logits after each fed token */
+    double *ref = xmalloc((size_t)n * V * sizeof(double));
+    for (int t = 0; ok && t < n; t++) {
+        int pos, vv;
+        ok = fscanf(f, "%15s %d %d", line_kind, &pos, &vv) == 3 && pos == t && vv == V;
+        for (int j = 0; ok && j < V; j++) ok = fscanf(f, "%lf", &ref[(size_t)t * V + j]) == 1;
+    }
+    fclose(f);
+    check("fixture parses", ok);
+    if (ok) {
+        Document none = {DOC_EXACT, 0, NULL, NULL};
+        RunState s;
+        runstate_alloc(&s, &m, &none, n, n);
+        forward(&m, &s, &none, seq, n, 0, LOGITS_ALL);
+        check_close("logits vs numpy float64, every position", s.logits, ref, (size_t)n * V, 1e-4, 1e-4);
+        runstate_free(&s);
+        /* greedy generation: prefill the prompt, then decode token by token */
+        runstate_alloc(&s, &m, &none, np, np + ng);
+        forward(&m, &s, &none, seq, np, 0, LOGITS_LAST);
+        const float *last = s.logits + (size_t)(np - 1) * V;
+        int same = 1;
+        for (int i = 0; i < ng; i++) {
+            int next = argmax(last, V);
+            same &= next == seq[np + i];
+            forward(&m, &s, &none, &next, 1, np + i, LOGITS_LAST);
+            last = s.logits;
+        }
+        check("greedy tokens equal the reference's", same);
+        runstate_free(&s);
+    }
+    free(ref);
+    model_free(&m);
+}
+
+static void test_module_file(void) {
+    printf("module file\n");
+    int sizes[2] = {5, 7};
+    ModuleSet s, back;
+    moduleset_alloc(&s, ARCH_MLP, 2, 3, 8, 1, 1, 1, sizes, 0);
+    mlp_init(&s, 3, NULL, NULL);
+    s.modules[4].input_scale = 0.25f;
+    s.n_doc = 100; s.rho = 0.1f; s.model_fingerprint = 111; s.doc_fingerprint = 222;
+    const char *path = "tests/tmp_module.nectar";
+    int ok = moduleset_save(&s, path) == 0 && moduleset_load(&back, path, 111, 222) == 0;
+    ok = ok && back.n_params == s.n_params && memcmp(back.params, s.params, s.n_params * sizeof(float)) == 0 &&
+         back.modules[4].input_scale == 0.25f && back.modules[5].width == 7 && back.n_doc == 100;
+    if (ok) moduleset_free(&back);
+    check("save and load give the same modules", ok);
+    fprintf(stderr, "    (two refusals expected below)\n");
+    check("another model's fingerprint is refused", moduleset_load(&back, path, 112, 222) != 0);
+    check("another document's fingerprint is refused", moduleset_load(&back, path, 111, 223) != 0);
+    remove(path);
+    moduleset_free(&s);
+}
+
+static void test_tokenizer(void) {
+    printf("tokenizer\n");
+    Tokenizer t;
+    if (tokenizer_load(&t, "tests/data/tok_test.bin", 0) != 0) { check("test tokenizer loads", 0); return; }
+    const char *texts[] = {"The quick brown fox jumps over the lazy dog.", "héllo wörld ✓\nline two",
+                           "a", "   spaces   and\ttabs"};
+    for (int i = 0; i < 4; i++) {
+        int ids[256], n = tokenizer_encode(&t, texts[i], 1, 0, ids, 256);
+        char out[512] = "";
+        for (int j = 1; j < n; j++) strcat(out, tokenizer_decode(&t, ids[j - 1], ids[j]));
+        char what[96];
+        snprintf(what, sizeof what, "encode/decode round trip %d (%d tokens)", i, n);
+        check(what, n > 1 && ids[0] == 1 && strcmp(out, texts[i]) == 0);
+    }
+    int ids[64], n_plain = tokenizer_encode(&t, "the the the", 0, 0, ids, 64);
+    check("merges shorten 'the the the' below 12 tokens", n_plain > 0 && n_plain < 12);
+    tokenizer_free(&t);
+}
+
+int main(void) {
+    test_attention_and_merge();
+    test_module(ARCH_MLP, 1, 1, 2, 9);
+    test_module(ARCH_MLP, 0, 1, 1, 6);
+    test_module(ARCH_MLP, 2, 0, 0, 5);
+    test_module(ARCH_QUAD, 0, 0, 0, 11);
+    test_width_budget();
+    test_oracle();
+    test_prefill_vs_decode();
+    test_checkpoint_roundtrip();
+    test_reference_fixture("ref_gqa");
+    test_reference_fixture("ref_mha_unshared");
+    test_module_file();
+    test_tokenizer();
+    printf("%d passed, %d failed\n", n_passed, n_failed);
+    return n_failed ? 1 : 0;
+}

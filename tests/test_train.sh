@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# train and infer end to end on a small random GQA model: fitting helps,
+# runs are deterministic, resume equals an uninterrupted run, the oracle
+# quadrature is exact, and module files fitted elsewhere are refused.
+# usage: tests/test_train.sh [BINDIR]   (BINDIR holds infer and train)
+set -u
+bin=${1:-.}
+# Leaks are checked on runs that succeed; a run that stops on an error exits
+# at once without freeing, so only memory errors and UB are checked there.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-}:exitcode=99:detect_leaks=1
+export UBSAN_OPTIONS=halt_on_error=1:exitcode=98:print_stacktrace=1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0 failed=0
+
+ok()   { printf '  %-60s ok\n' "$1"; passed=$((passed + 1)); }
+fail() { printf '  %-60s FAIL\n' "$1"; failed=$((failed + 1)); }
+# value of "key" inside the "split" object of a one-line JSON file
+json() { sed -E "s/.*\"$2\": \{([^}]*)\}.*/\1/; s/.*\"$3\": ([-0-9.e+]+).*/\1/" "$1"; }
+# awk-evaluated condition, e.g. is "0.1 < 0.5 * 0.4"
+is() { awk "BEGIN { exit !($1) }"; }
+
+echo "train and infer end to end ($bin)"
+./tests/random_model "$tmp/model.bin" 64 160 3 8 2 300 256 1 0.15 2> /dev/null
+./tests/random_model "$tmp/other.bin" 64 160 3 8 2 300 256 2 0.15 2> /dev/null
+awk 'BEGIN { srand(3); for (i = 0; i < 200; i++) printf "%d ", 3 + int(rand() * 290) }' > "$tmp/doc.ids"
+awk 'BEGIN { srand(4); for (i = 0; i < 200; i++) printf "%d ", 3 + int(rand() * 290) }' > "$tmp/doc2.ids"
+echo "5 6 7" > "$tmp/prompt.ids"
+train() { "$bin/train" -m "$tmp/model.bin" -D "$tmp/doc.ids" --n-prompts 80 --prompt-len 32 "$@"; }
+
+# greedy decoding through the program equals the reference (and llama2.c)
+for name in ref_gqa ref_mha_unshared; do
+    sed -n 1p tests/data/$name.expect | cut -d' ' -f3- > "$tmp/p.ids"
+    want=$(sed -n 2p tests/data/$name.expect | cut -d' ' -f3-)
+    got=$("$bin/infer" -m tests/data/$name.bin -I "$tmp/p.ids" -n 24 -t 0 --ids 2> /dev/null)
+    [ "$got" = "$want" ] && ok "infer -t 0 on $name: reference greedy tokens" || fail "infer -t 0 on $name: got '$got'"
+done
+
+# fitting lowers held-out target MSE well below the untrained module's
+train -o "$tmp/init.nectar" --steps 0 --json > "$tmp/init.json" 2> "$tmp/log" || cat "$tmp/log"
+train -o "$tmp/fit.nectar" --steps 400 --json > "$tmp/fit.json" 2> "$tmp/log" || cat "$tmp/log"
+before=$(json "$tmp/init.json" random target_mse) after=$(json "$tmp/fit.json" random target_mse)
+echo "    held-out target MSE: untrained $before, after 400 steps $after"
+is "$after < 0.5 * $before" && ok "fitting halves held-out target MSE at least" || fail "fitting lowers target MSE"
+
+# the same seed gives the same module bytes
+train -o "$tmp/again.nectar" --steps 400 --json > /dev/null 2>&1
+cmp -s "$tmp/fit.nectar" "$tmp/again.nectar" && ok "same seed, same module bytes" || fail "same seed, same module bytes"
+train -o "$tmp/seed2.nectar" --steps 400 -s 99 > /dev/null 2>&1
+cmp -s "$tmp/fit.nectar" "$tmp/seed2.nectar" && fail "another seed gives other bytes" || ok "another seed gives other bytes"
+
+# stop, resume, and get what an uninterrupted run gets
+train -o "$tmp/resumed.nectar" --steps 400 --checkpoint "$tmp/ck" --stop-after 150 > /dev/null 2>&1
+[ ! -e "$tmp/resumed.nectar" ] && [ -s "$tmp/ck" ] && ok "--stop-after leaves a checkpoint, no module" || fail "--stop-after"
+train -o "$tmp/resumed.nectar" --steps 400 --resume "$tmp/ck" > /dev/null 2> "$tmp/log"
+cmp -s "$tmp/fit.nectar" "$tmp/resumed.nectar" && ok "resume equals the uninterrupted run, bit for bit" || fail "resume equals uninterrupted"
+ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 "$bin/train" -m "$tmp/model.bin" -D "$tmp/doc.ids" -o "$tmp/x.nectar" --steps 500 --resume "$tmp/ck" > /dev/null 2> "$tmp/log"
+[ $? -eq 1 ] && grep -q "^error: .*other data or options" "$tmp/log" && ok "a checkpoint of other options is refused" || fail "checkpoint mismatch refused"
+
+# quadrature with rho = 1 (p = n, W = K, Z = V) at initialisation is exact
+train -o "$tmp/quad.nectar" --arch quad --rho 1 --steps 0 --json > "$tmp/quad.json" 2> /dev/null
+mse=$(json "$tmp/quad.json" random target_mse) agree=$(json "$tmp/quad.json" random agree)
+echo "    quadrature rho 1 untrained: target MSE $mse, agreement $agree"
+is "$mse < 1e-10 && $agree == 1" && ok "quadrature rho = 1 at init: zero error" || fail "quadrature rho = 1 at init"
+
+# infer with the module
+"$bin/infer" -m "$tmp/model.bin" -D "$tmp/doc.ids" -k "$tmp/fit.nectar" -I "$tmp/prompt.ids" --compare -n 8 -t 0 > "$tmp/cmp" 2> "$tmp/log"
+[ "$(grep -c '^--- ' "$tmp/cmp")" -eq 3 ] && grep -q "^storage: " "$tmp/log" && ok "--compare: three generations and a storage line" || fail "--compare"
+"$bin/infer" -m "$tmp/model.bin" -D "$tmp/doc.ids" -k "$tmp/fit.nectar" --eval --json > "$tmp/eval.json" 2> /dev/null
+[ "$(json "$tmp/eval.json" random kl)" = "$(json "$tmp/fit.json" random kl)" ] && ok "infer --eval reproduces train's held-out KL" || fail "infer --eval"
+"$bin/infer" -m "$tmp/model.bin" -k "$tmp/fit.nectar" -I "$tmp/prompt.ids" -n 8 -t 0 --ids > "$tmp/nectar.ids" 2> /dev/null
+sed -n 4p "$tmp/cmp" | cmp -s - "$tmp/nectar.ids" && ok "-k alone (no document at all) generates what --compare's Nectar did" || fail "-k alone"
+
+# refusals: another document, another model, truncated or corrupt files
+expect_refusal() {
+    local name=$1 pattern=$2; shift 2
+    ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 "$@" > /dev/null 2> "$tmp/err"
+    local rc=$?
+    [ $rc -eq 1 ] && grep -q "^error: .*$pattern" "$tmp/err" && ok "$name" || { fail "$name (exit $rc)"; cat "$tmp/err"; }
+}
+expect_refusal "module with another document is refused" "different document" \
+    "$bin/infer" -m "$tmp/model.bin" -D "$tmp/doc2.ids" -k "$tmp/fit.nectar" -I "$tmp/prompt.ids"
+expect_refusal "module with another model is refused" "different model" \
+    "$bin/infer" -m "$tmp/other.bin" -k "$tmp/fit.nectar" -I "$tmp/prompt.ids"
+head -c 300 "$tmp/fit.nectar" > "$tmp/trunc.nectar"
+expect_refusal "truncated module file is refused" "truncated" \
+    "$bin/infer" -m "$tmp/model.bin" -k "$tmp/trunc.nectar" -I "$tmp/prompt.ids"
+head -c 60 "$tmp/fit.nectar" > "$tmp/short.nectar"
+expect_refusal "module file shorter than its header is refused" "shorter than" \
+    "$bin/infer" -m "$tmp/model.bin" -k "$tmp/short.nectar" -I "$tmp/prompt.ids"
+{ printf 'XXXX'; tail -c +5 "$tmp/fit.nectar"; } > "$tmp/magic.nectar"
+expect_refusal "module file with a bad magic number is refused" "not a Nectar module" \
+    "$bin/infer" -m "$tmp/model.bin" -k "$tmp/magic.nectar" -I "$tmp/prompt.ids"
+expect_refusal "train on a model file that is not one" "out of range" \
+    "$bin/train" -m "$tmp/fit.nectar" -D "$tmp/doc.ids" -o "$tmp/y.nectar"
+expect_refusal "train with a rho too small for one unit" "budget is too small" \
+    train -o "$tmp/z.nectar" --rho 0.0001
+
+echo "$passed passed, $failed failed"
+[ $failed -eq 0 ]

@@ -1,0 +1,680 @@
+/* train.c - compile a document into Nectar modules.
+ *
+ *   ./train -m model.bin -z tokenizer.bin -d doc.txt -o doc.nectar --arch mlp --rho 0.1
+ *
+ * 1. self-study prompts: document spans to quote, continuations the
+ *    full-cache model samples after a span, and prompts from a file;
+ *    a seeded 80/20 split into train and held-out, and a challenge subset;
+ * 2. teacher pass: the full-cache model runs every prompt after the document
+ *    and records, per position, layer and query head, q, alpha(q) and A(q);
+ * 3. fitting: per (layer, KV head) module, AdamW with warmup and cosine
+ *    decay, global gradient clipping at 1.0;
+ * 4. the module file (with the held-out prompts) and the metrics.
+ */
+#include "nectar.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const char *model_path, *tok_path, *doc_text_path, *doc_ids_path, *out_path;
+    const char *prompts_text_path, *prompts_ids_path, *checkpoint_path, *resume_path;
+    ModuleArch arch;
+    float rho, lr, weight_decay, warmup_fraction, lambda_alpha, lambda_A;
+    int steps, batch, n_prompts, prompt_len, checkpoint_every, stop_after, json;
+    int depth_backbone, depth_score, depth_target;
+    char groups[256];
+    unsigned long long seed;
+} Options;
+
+static void usage(FILE *f) {
+    fprintf(f,
+        "usage: train -m MODEL (-d DOC.txt | -D DOC.ids) -o OUT.nectar [options]\n"
+        "  -m MODEL          llama2.c checkpoint          -z TOKENIZER  tokenizer.bin (text input)\n"
+        "  -d DOC.txt        document text (BOS first)    -D DOC.ids    document token ids\n"
+        "  -o OUT.nectar     module file to write\n"
+        "  --arch mlp|quad   module architecture (default mlp)\n"
+        "  --rho R           budget: params / (2 n d) per module (default 0.1)\n"
+        "  --depths B,S,T    MLP depths: backbone, score head, target head (default 1,1,1)\n"
+        "  --groups SPEC     layer-group capacity multipliers, e.g. 0-9:1,9-15:2 (normalised)\n"
+        "  --steps N         optimisation steps (default 1500; 0 evaluates the initial modules)\n"
+        "  --batch N         prompt positions per step (default 64; x heads per group)\n"
+        "  --lr LR           peak learning rate (default 3e-3)   --wd W  weight decay (default 0)\n"
+        "  --warmup F        warmup fraction of the steps (default 0.05)\n"
+        "  --lambda-alpha X  score loss weight (default 0.1 mlp, 0 quad)\n"
+        "  --lambda-A X      target loss weight (default 1)\n"
+        "  --n-prompts N     self-study prompts to make (default 200)\n"
+        "  --prompt-len N    prompt length cap in tokens (default 48)\n"
+        "  --prompts FILE    extra prompts, one per line (text, needs -z)\n"
+        "  --prompt-ids FILE extra prompts, one per line (token ids)\n"
+        "  --checkpoint P    write a checkpoint to P every --checkpoint-every steps (default steps/4)\n"
+        "  --resume P        continue from checkpoint P (same data and options)\n"
+        "  --stop-after N    stop after step N (with a checkpoint), as if interrupted\n"
+        "  -s SEED           seed of prompts, split, init and batches (default 1234)\n"
+        "  --json            one JSON object on stdout instead of tables\n"
+        "  --help            this text\n");
+}
+
+static int parse_options(int argc, char **argv, Options *o) {
+    *o = (Options){.arch = ARCH_MLP, .rho = 0.1f, .lr = 3e-3f, .warmup_fraction = 0.05f,
+                   .lambda_alpha = -1, .lambda_A = 1, .steps = 1500, .batch = 64, .n_prompts = 200,
+                   .prompt_len = 48, .depth_backbone = 1, .depth_score = 1, .depth_target = 1, .seed = 1234};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
+        if (!strcmp(a, "--json")) { o->json = 1; continue; }
+        if (i + 1 >= argc) { fprintf(stderr, "error: option %s needs a value (see --help)\n", a); return -1; }
+        const char *v = argv[++i];
+        char *end = NULL;
+        if (!strcmp(a, "-m")) o->model_path = v;
+        else if (!strcmp(a, "-z")) o->tok_path = v;
+        else if (!strcmp(a, "-d")) o->doc_text_path = v;
+        else if (!strcmp(a, "-D")) o->doc_ids_path = v;
+        else if (!strcmp(a, "-o")) o->out_path = v;
+        else if (!strcmp(a, "--prompts")) o->prompts_text_path = v;
+        else if (!strcmp(a, "--prompt-ids")) o->prompts_ids_path = v;
+        else if (!strcmp(a, "--checkpoint")) o->checkpoint_path = v;
+        else if (!strcmp(a, "--resume")) o->resume_path = v;
+        else if (!strcmp(a, "--groups")) snprintf(o->groups, sizeof o->groups, "%s", v);
+        else if (!strcmp(a, "--arch")) {
+            if (!strcmp(v, "mlp")) o->arch = ARCH_MLP;
+            else if (!strcmp(v, "quad")) o->arch = ARCH_QUAD;
+            else { fprintf(stderr, "error: --arch must be mlp or quad, not '%s'\n", v); return -1; }
+        } else if (!strcmp(a, "--depths")) {
+            if (sscanf(v, "%d,%d,%d", &o->depth_backbone, &o->depth_score, &o->depth_target) != 3) {
+                fprintf(stderr, "error: --depths expects three integers B,S,T, got '%s'\n", v);
+                return -1;
+            }
+        }
+        else if (!strcmp(a, "--rho")) o->rho = strtof(v, &end);
+        else if (!strcmp(a, "--lr")) o->lr = strtof(v, &end);
+        else if (!strcmp(a, "--wd")) o->weight_decay = strtof(v, &end);
+        else if (!strcmp(a, "--warmup")) o->warmup_fraction = strtof(v, &end);
+        else if (!strcmp(a, "--lambda-alpha")) o->lambda_alpha = strtof(v, &end);
+        else if (!strcmp(a, "--lambda-A")) o->lambda_A = strtof(v, &end);
+        else if (!strcmp(a, "--steps")) o->steps = (int)strtol(v, &end, 10);
+        else if (!strcmp(a, "--batch")) o->batch = (int)strtol(v, &end, 10);
+        else if (!strcmp(a, "--n-prompts")) o->n_prompts = (int)strtol(v, &end, 10);
+        else if (!strcmp(a, "--prompt-len")) o->prompt_len = (int)strtol(v, &end, 10);
+        else if (!strcmp(a, "--checkpoint-every")) o->checkpoint_every = (int)strtol(v, &end, 10);
+        else if (!strcmp(a, "--stop-after")) o->stop_after = (int)strtol(v, &end, 10);
+        else if (!strcmp(a, "-s")) o->seed = strtoull(v, &end, 10);
+        else { fprintf(stderr, "error: unknown option '%s' (see --help)\n", a); return -1; }
+        if (end && (*end || end == v)) {
+            fprintf(stderr, "error: option %s expects a number, got '%s'\n", a, v);
+            return -1;
+        }
+    }
+    if (o->lambda_alpha < 0) o->lambda_alpha = o->arch == ARCH_MLP ? 0.1f : 0.0f;
+    const char *why = NULL;
+    if (!o->model_path) why = "a model is required (-m)";
+    else if (!o->out_path) why = "an output file is required (-o OUT.nectar)";
+    else if (!o->doc_text_path == !o->doc_ids_path) why = "give the document as -d DOC.txt or -D DOC.ids (one of them)";
+    else if (!(o->rho > 0 && o->rho <= 100)) why = "--rho must be in (0, 100]";
+    else if (o->steps < 0 || o->batch < 1 || o->n_prompts < 0 || o->prompt_len < 2) why = "need --steps >= 0 (0: evaluate the initial modules), --batch >= 1, --n-prompts >= 0, --prompt-len >= 2";
+    else if (!(o->lr > 0) || o->weight_decay < 0 || o->warmup_fraction < 0 || o->warmup_fraction >= 1) why = "need --lr > 0, --wd >= 0 and --warmup in [0, 1)";
+    else if (o->lambda_alpha < 0 || o->lambda_A < 0 || o->lambda_alpha + o->lambda_A == 0) why = "the loss weights must be >= 0 and not both 0";
+    if (why) { fprintf(stderr, "error: %s\n", why); return -1; }
+    if (o->checkpoint_every <= 0) o->checkpoint_every = o->steps / 4 > 0 ? o->steps / 4 : 1;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Prompts                                                                  */
+
+typedef struct { int n, cap_prompts, cap_tokens; PromptSet set; } PromptBuilder;
+
+static void add_prompt(PromptBuilder *b, const int *tokens, int len) {
+    PromptSet *p = &b->set;
+    if (p->n_prompts + 1 >= b->cap_prompts) {
+        b->cap_prompts = 2 * b->cap_prompts + 16;
+        p->offsets = realloc(p->offsets, b->cap_prompts * sizeof(int));
+        p->challenge = realloc(p->challenge, b->cap_prompts);
+        if (!p->offsets || !p->challenge) { fprintf(stderr, "error: out of memory\n"); exit(1); }
+        if (p->n_prompts == 0) p->offsets[0] = 0;
+    }
+    int used = p->offsets[p->n_prompts];
+    if (used + len > b->cap_tokens) {
+        b->cap_tokens = 2 * (used + len) + 64;
+        p->tokens = realloc(p->tokens, b->cap_tokens * sizeof(int));
+        if (!p->tokens) { fprintf(stderr, "error: out of memory\n"); exit(1); }
+    }
+    memcpy(p->tokens + used, tokens, len * sizeof(int));
+    p->challenge[p->n_prompts] = 0;
+    p->offsets[++p->n_prompts] = used + len;
+}
+
+/* Samples `len` tokens that the full-cache model generates after `span`. */
+static void continue_span(const Model *m, const Document *doc, const int *span, int n_span, int len,
+                          Sampler *sampler, int *out) {
+    RunState s;
+    runstate_alloc(&s, m, doc, n_span, n_span + len);
+    forward(m, &s, doc, span, n_span, 0, LOGITS_LAST);
+    float *logits = s.logits + (size_t)(n_span - 1) * m->config.vocab_size;
+    for (int i = 0; i < len; i++) {
+        out[i] = sample(sampler, logits, m->config.vocab_size);
+        if (i + 1 < len) forward(m, &s, doc, &out[i], 1, n_span + i, LOGITS_LAST);
+        logits = s.logits;
+    }
+    runstate_free(&s);
+}
+
+/* Self-study prompts: half quote a document span, half continue one with the
+ * model's own sampled tokens; then the user's prompts. */
+static void make_prompts(const Options *o, const Model *m, const Document *doc, const int *doc_ids,
+                         int n_doc, PromptBuilder *b) {
+    uint64_t rng = o->seed * 2654435761ULL + 17;
+    int cap = o->prompt_len < n_doc ? o->prompt_len : n_doc;
+    Sampler sampler;
+    sampler_init(&sampler, m->config.vocab_size, 0.8f, 0.95f, o->seed + 1);
+    int *buf = xmalloc((cap + 1) * sizeof(int));
+    double t0 = now_seconds();
+    for (int i = 0; i < o->n_prompts; i++) {
+        int len = cap / 2 + (int)(rng_u32(&rng) % (cap - cap / 2 + 1));  /* in [cap/2, cap] */
+        if (len < 2) len = 2 <= n_doc ? 2 : n_doc;
+        int start = 1 + (int)(rng_u32(&rng) % (uint32_t)(n_doc - len > 0 ? n_doc - len : 1));
+        if (start + len > n_doc) start = n_doc - len;
+        if (i % 2 == 0 || len < 4) {  /* quote: a span of the document */
+            add_prompt(b, doc_ids + start, len);
+        } else {                        /* continue: half a span, then the model's own tokens */
+            int half = len / 2;
+            memcpy(buf, doc_ids + start, half * sizeof(int));
+            continue_span(m, doc, buf, half, len - half, &sampler, buf + half);
+            add_prompt(b, buf, len);
+        }
+        if (i % 20 == 19 || i + 1 == o->n_prompts) {
+            double el = now_seconds() - t0;
+            fprintf(stderr, "\rprompts %d/%d  %.1fs  ETA %.0fs   ", i + 1, o->n_prompts, el,
+                    el / (i + 1) * (o->n_prompts - i - 1));
+        }
+    }
+    if (o->n_prompts) fprintf(stderr, "\n");
+    sampler_free(&sampler);
+    free(buf);
+}
+
+/* Reads user prompts, one per line: text (needs a tokenizer) or token ids. */
+static int read_user_prompts(const char *path, const Tokenizer *tok, const Model *m, int cap, PromptBuilder *b) {
+    char *text = read_text_file(path);
+    if (!text) return -1;
+    int *ids = xmalloc((strlen(text) + 3) * sizeof(int)), line_no = 0, count = 0;
+    for (char *line = text, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        line_no++;
+        if (!*line) continue;
+        int n = 0;
+        if (tok) {
+            n = tokenizer_encode(tok, line, 0, 0, ids, (int)strlen(line) + 3);
+        } else {
+            for (char *p = line, *end;; p = end) {
+                long v = strtol(p, &end, 10);
+                if (end == p) {
+                    while (*end == ' ' || *end == '\t' || *end == '\r') end++;
+                    if (*end) { fprintf(stderr, "error: %s line %d: '%s' is not a token id\n", path, line_no, end); n = -1; }
+                    break;
+                }
+                ids[n++] = (int)v;
+            }
+        }
+        if (n < 0 || check_tokens(m, ids, n, path) != 0) { free(ids); free(text); return -1; }
+        if (n > cap) n = cap;
+        if (n >= 2) { add_prompt(b, ids, n); count++; }
+    }
+    free(ids);
+    free(text);
+    fprintf(stderr, "read %d prompts from %s\n", count, path);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Teacher pass                                                             */
+
+/* What the full-cache model records over the training prompts, per layer:
+ * P positions, each with H query heads. */
+typedef struct {
+    long P;
+    float *q;     /* (L, P, D) rotated queries */
+    float *A;     /* (L, P, D) exact document state A(q) */
+    float *alpha; /* (L, P, H) exact log attention mass alpha(q) */
+} TeacherData;
+
+/* Runs the full-cache model over every prompt: train prompts (is_train[i])
+ * are recorded into `td`; every prompt gets an embedding (D), the mean of its
+ * final normalised hidden states. */
+static void teacher_pass(const Model *m, const Document *doc, const PromptSet *p, const unsigned char *is_train,
+                         TeacherData *td, float *embed) {
+    const Config *c = &m->config;
+    int L = c->n_layers, D = c->dim, H = c->n_heads, max_len = 1;
+    td->P = 0;
+    for (int i = 0; i < p->n_prompts; i++) {
+        int len = p->offsets[i + 1] - p->offsets[i];
+        max_len = len > max_len ? len : max_len;
+        if (is_train[i]) td->P += len;
+    }
+    size_t bytes = (size_t)L * td->P * (2 * D + H) * sizeof(float);
+    fprintf(stderr, "teacher pass: %d prompts, %ld training positions, %.1f MB of targets\n",
+            p->n_prompts, td->P, bytes / 1e6);
+    td->q = xmalloc((size_t)L * td->P * D * sizeof(float));
+    td->A = xmalloc((size_t)L * td->P * D * sizeof(float));
+    td->alpha = xmalloc((size_t)L * td->P * H * sizeof(float));
+    RunState s;
+    runstate_alloc(&s, m, doc, max_len, max_len);
+    runstate_enable_taps(&s, m);
+    long at = 0;
+    double t0 = now_seconds();
+    for (int i = 0; i < p->n_prompts; i++) {
+        int len = p->offsets[i + 1] - p->offsets[i];
+        forward(m, &s, doc, p->tokens + p->offsets[i], len, 0, LOGITS_ALL);  /* s.xb: final normed rows */
+        for (int k = 0; k < D; k++) {
+            double sum = 0;
+            for (int t = 0; t < len; t++) sum += s.xb[(size_t)t * D + k];
+            embed[(size_t)i * D + k] = (float)(sum / len);
+        }
+        if (is_train[i]) {
+            for (int l = 0; l < L; l++) {
+                memcpy(td->q + ((size_t)l * td->P + at) * D, s.tap_q + (size_t)l * max_len * D, (size_t)len * D * sizeof(float));
+                memcpy(td->A + ((size_t)l * td->P + at) * D, s.tap_doc_A + (size_t)l * max_len * D, (size_t)len * D * sizeof(float));
+                memcpy(td->alpha + ((size_t)l * td->P + at) * H, s.tap_doc_lse + (size_t)l * max_len * H, (size_t)len * H * sizeof(float));
+            }
+            at += len;
+        }
+        if (i % 20 == 19 || i + 1 == p->n_prompts) {
+            double el = now_seconds() - t0;
+            fprintf(stderr, "\rteacher %d/%d  %.1fs  ETA %.0fs   ", i + 1, p->n_prompts, el,
+                    el / (i + 1) * (p->n_prompts - i - 1));
+        }
+    }
+    fprintf(stderr, "\n");
+    runstate_free(&s);
+}
+
+/* Challenge split: the held-out prompts whose embedding is least similar
+ * (max cosine over training prompts) to any training prompt; a quarter of them. */
+static void mark_challenge(PromptSet *p, const unsigned char *is_train, const float *embed, int D) {
+    int n = p->n_prompts, n_held = 0;
+    float *best = xmalloc(n * sizeof(float));
+    for (int i = 0; i < n; i++) {
+        p->challenge[i] = 0;
+        if (is_train[i]) continue;
+        n_held++;
+        best[i] = -2;
+        for (int j = 0; j < n; j++) {
+            if (!is_train[j]) continue;
+            double dot = 0, ni = 0, nj = 0;
+            for (int k = 0; k < D; k++) {
+                dot += embed[(size_t)i * D + k] * embed[(size_t)j * D + k];
+                ni += embed[(size_t)i * D + k] * embed[(size_t)i * D + k];
+                nj += embed[(size_t)j * D + k] * embed[(size_t)j * D + k];
+            }
+            float cosine = (float)(dot / sqrt(ni * nj + 1e-30));
+            best[i] = cosine > best[i] ? cosine : best[i];
+        }
+    }
+    int want = (n_held + 3) / 4;
+    for (int picked = 0; picked < want; picked++) {  /* the `want` lowest best[] */
+        int pick = -1;
+        for (int i = 0; i < n; i++)
+            if (!is_train[i] && !p->challenge[i] && (pick < 0 || best[i] < best[pick])) pick = i;
+        p->challenge[pick] = 1;
+    }
+    free(best);
+}
+
+/* The prompts with is_train[i] == keep, as a new set. */
+static PromptSet select_prompts(const PromptSet *p, const unsigned char *is_train, int keep) {
+    PromptBuilder b = {0};
+    for (int i = 0; i < p->n_prompts; i++)
+        if (is_train[i] == keep) {
+            add_prompt(&b, p->tokens + p->offsets[i], p->offsets[i + 1] - p->offsets[i]);
+            b.set.challenge[b.set.n_prompts - 1] = p->challenge[i];
+        }
+    return b.set;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Budget                                                                   */
+
+/* Per-layer multipliers from "a-b:m,..." (layers [a, b) get m), normalised
+ * so that they average 1 over the layers: the total budget is unchanged. */
+static int layer_multipliers(const char *spec, int L, float *mult) {
+    for (int l = 0; l < L; l++) mult[l] = 1.0f;
+    if (!spec[0]) return 0;
+    for (const char *p = spec; *p;) {
+        int a, b, used;
+        float m;
+        if (sscanf(p, "%d-%d:%f%n", &a, &b, &m, &used) != 3 || a < 0 || b > L || a >= b || !(m > 0)) {
+            fprintf(stderr, "error: --groups '%s': expected a-b:m,... with 0 <= a < b <= %d and m > 0\n", spec, L);
+            return -1;
+        }
+        for (int l = a; l < b; l++) mult[l] = m;
+        p += used;
+        if (*p == ',') p++;
+        else if (*p) { fprintf(stderr, "error: --groups '%s': unexpected '%s'\n", spec, p); return -1; }
+    }
+    double sum = 0;
+    for (int l = 0; l < L; l++) sum += mult[l];
+    for (int l = 0; l < L; l++) mult[l] *= (float)(L / sum);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Optimisation                                                             */
+
+typedef struct {
+    float *m, *v;   /* (n_params) Adam moments */
+    int step;       /* steps done */
+} Adam;
+
+/* lr(t): linear warmup to the peak, then cosine decay to 0 */
+static float learning_rate(const Options *o, int step) {
+    int warmup = (int)(o->warmup_fraction * o->steps);
+    if (step < warmup) return o->lr * (step + 1) / warmup;
+    float progress = (float)(step - warmup) / (float)(o->steps - warmup > 0 ? o->steps - warmup : 1);
+    return o->lr * 0.5f * (1.0f + cosf(3.14159265f * progress));
+}
+
+/* AdamW: m = b1 m + (1-b1) g, v = b2 v + (1-b2) g^2,
+ * theta -= lr (m_hat / (sqrt(v_hat) + eps) + wd theta) */
+static void adamw_step(ModuleSet *s, Adam *adam, float lr, float wd) {
+    const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+    adam->step++;
+    float c1 = 1.0f - powf(b1, adam->step), c2 = 1.0f - powf(b2, adam->step);
+    for (size_t i = 0; i < s->n_params; i++) {
+        float g = s->grads[i];
+        adam->m[i] = b1 * adam->m[i] + (1 - b1) * g;
+        adam->v[i] = b2 * adam->v[i] + (1 - b2) * g * g;
+        s->params[i] -= lr * ((adam->m[i] / c1) / (sqrtf(adam->v[i] / c2) + eps) + wd * s->params[i]);
+    }
+}
+
+/* Checkpoint: header, then params, Adam m and v. */
+enum { CKPT_MAGIC = 0x4B43544E /* "NTCK" */, CKPT_VERSION = 1 };
+typedef struct { uint32_t magic, version; int32_t step, reserved; uint64_t n_params, run_hash; } CkptHeader;
+
+static int save_checkpoint(const char *path, const ModuleSet *s, const Adam *adam, uint64_t run_hash) {
+    CkptHeader h = {CKPT_MAGIC, CKPT_VERSION, adam->step, 0, s->n_params, run_hash};
+    size_t len = strlen(path);
+    char *tmp = xmalloc(len + 5);
+    snprintf(tmp, len + 5, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    int ok = f && fwrite(&h, sizeof h, 1, f) == 1 &&
+             fwrite(s->params, sizeof(float), s->n_params, f) == s->n_params &&
+             fwrite(adam->m, sizeof(float), s->n_params, f) == s->n_params &&
+             fwrite(adam->v, sizeof(float), s->n_params, f) == s->n_params;
+    if (f) ok = (fclose(f) == 0) && ok;
+    ok = ok && rename(tmp, path) == 0;
+    if (!ok) { fprintf(stderr, "error: cannot write checkpoint %s\n", path); remove(tmp); }
+    free(tmp);
+    return ok ? 0 : -1;
+}
+
+static int load_checkpoint(const char *path, ModuleSet *s, Adam *adam, uint64_t run_hash) {
+    FILE *f = fopen(path, "rb");
+    if (!f) { fprintf(stderr, "error: cannot open checkpoint %s\n", path); return -1; }
+    CkptHeader h;
+    const char *why = NULL;
+    if (fread(&h, sizeof h, 1, f) != 1 || h.magic != CKPT_MAGIC || h.version != CKPT_VERSION)
+        why = "it is not a train checkpoint";
+    else if (h.n_params != s->n_params || h.run_hash != run_hash)
+        why = "it was written by a run with other data or options";
+    else if (fread(s->params, sizeof(float), s->n_params, f) != s->n_params ||
+             fread(adam->m, sizeof(float), s->n_params, f) != s->n_params ||
+             fread(adam->v, sizeof(float), s->n_params, f) != s->n_params || fgetc(f) != EOF)
+        why = "it is truncated or corrupt";
+    fclose(f);
+    if (why) { fprintf(stderr, "error: checkpoint %s: %s\n", path, why); return -1; }
+    adam->step = h.step;
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+
+int main(int argc, char **argv) {
+    Options o;
+    if (parse_options(argc, argv, &o) != 0) return 1;
+    double t_start = now_seconds();
+    Model model;
+    if (model_load(&model, o.model_path) != 0) return 1;
+    const Config *c = &model.config;
+    int L = c->n_layers, G = c->n_kv_heads, H = c->n_heads, D = c->dim, d = D / H, group = H / G;
+    Tokenizer tok, *tokp = NULL;
+    if (o.tok_path) {
+        if (tokenizer_load(&tok, o.tok_path, c->vocab_size) != 0) return 1;
+        tokp = &tok;
+    }
+    if (o.prompts_text_path && !tokp) {
+        fprintf(stderr, "error: --prompts needs a tokenizer (-z); use --prompt-ids for token ids\n");
+        return 1;
+    }
+
+    /* the document and its KV cache */
+    int n_doc, *doc_ids;
+    if (o.doc_ids_path) {
+        n_doc = read_token_ids(o.doc_ids_path, &doc_ids);
+        if (n_doc < 0) return 1;
+    } else {
+        if (!tokp) { fprintf(stderr, "error: a text document needs a tokenizer (-z)\n"); return 1; }
+        char *text = read_text_file(o.doc_text_path);
+        if (!text) return 1;
+        doc_ids = xmalloc((strlen(text) + 3) * sizeof(int));
+        n_doc = tokenizer_encode(tokp, text, 1, 0, doc_ids, (int)strlen(text) + 3);
+        free(text);
+        if (n_doc < 0) return 1;
+    }
+    if (n_doc < 2) { fprintf(stderr, "error: the document needs at least 2 tokens\n"); return 1; }
+    if (check_tokens(&model, doc_ids, n_doc, "document") != 0) return 1;
+    int prompt_cap = o.prompt_len < n_doc ? o.prompt_len : n_doc;
+    if (n_doc + prompt_cap > c->seq_len) {
+        fprintf(stderr, "error: document (%d tokens) plus prompts (up to %d) exceed the model's context of %d; "
+                "shorten the document or --prompt-len\n", n_doc, prompt_cap, c->seq_len);
+        return 1;
+    }
+    DocCache cache;
+    if (doccache_build(&cache, &model, doc_ids, n_doc, 256) != 0) return 1;
+    Document doc = {DOC_EXACT, n_doc, &cache, NULL};
+
+    /* 1. prompts and the split */
+    PromptBuilder builder = {0};
+    make_prompts(&o, &model, &doc, doc_ids, n_doc, &builder);
+    if (o.prompts_text_path && read_user_prompts(o.prompts_text_path, tokp, &model, prompt_cap, &builder) != 0) return 1;
+    if (o.prompts_ids_path && read_user_prompts(o.prompts_ids_path, NULL, &model, prompt_cap, &builder) != 0) return 1;
+    PromptSet *all = &builder.set;
+    if (all->n_prompts < 5) {
+        fprintf(stderr, "error: %d prompts are too few for a train/held-out split (need 5)\n", all->n_prompts);
+        return 1;
+    }
+    unsigned char *is_train = xmalloc(all->n_prompts);
+    int *order = xmalloc(all->n_prompts * sizeof(int));
+    uint64_t split_rng = o.seed * 0x9E3779B97F4A7C15ULL + 3;
+    for (int i = 0; i < all->n_prompts; i++) order[i] = i;
+    for (int i = all->n_prompts - 1; i > 0; i--) {  /* Fisher-Yates */
+        int j = rng_u32(&split_rng) % (i + 1), t = order[i];
+        order[i] = order[j]; order[j] = t;
+    }
+    int n_train = (int)(0.8 * all->n_prompts);
+    for (int i = 0; i < all->n_prompts; i++) is_train[order[i]] = i < n_train;
+
+    /* 2. teacher pass, challenge split */
+    TeacherData td;
+    float *embed = xmalloc((size_t)all->n_prompts * D * sizeof(float));
+    teacher_pass(&model, &doc, all, is_train, &td, embed);
+    mark_challenge(all, is_train, embed, D);
+
+    /* 3. modules within the budget: rho * 2 n d parameters per (layer, KV head) */
+    float *mult = xmalloc(L * sizeof(float));
+    if (layer_multipliers(o.groups, L, mult) != 0) return 1;
+    int *sizes = xmalloc(L * sizeof(int));
+    for (int l = 0; l < L; l++) {
+        double budget = o.rho * mult[l] * 2.0 * n_doc * d;
+        sizes[l] = o.arch == ARCH_MLP
+            ? mlp_width_for_budget(d, (long)budget, o.depth_backbone, o.depth_score, o.depth_target)
+            : (int)(o.rho * mult[l] * n_doc);  /* p = floor(rho n): 2 p d parameters */
+    }
+    ModuleSet ms;
+    if (moduleset_alloc(&ms, o.arch, L, G, d, o.depth_backbone, o.depth_score, o.depth_target, sizes, 1) != 0) {
+        fprintf(stderr, "error: raise --rho (the document has %d tokens) or lower the depths\n", n_doc);
+        return 1;
+    }
+    ms.n_doc = n_doc; ms.rho = o.rho;
+    ms.model_fingerprint = model.fingerprint; ms.doc_fingerprint = cache.fingerprint;
+    long kv_entries = 2L * n_doc * d * L * G;
+    FILE *info = o.json ? stderr : stdout;
+    fprintf(info, "budget: %s, rho %.3g, document %d tokens, %d layers x %d KV heads, head size %d\n",
+            o.arch == ARCH_MLP ? "MLP" : "quadrature", o.rho, n_doc, L, G, d);
+    fprintf(info, "  %-6s %6s %8s %12s %12s %8s\n", "layer", "mult", o.arch == ARCH_MLP ? "width" : "pairs",
+            "params/mod", "KV entries", "rho");
+    for (int l = 0; l < L; l++) {
+        size_t np = ms.modules[l * G].n_params;
+        fprintf(info, "  %-6d %6.2f %8d %12zu %12ld %8.4f\n", l, mult[l], sizes[l], np, 2L * n_doc * d,
+                np / (2.0 * n_doc * d));
+    }
+    fprintf(info, "  total %zu params for %ld KV entries: rho %.4f\n", ms.n_params, kv_entries,
+            (double)ms.n_params / kv_entries);
+
+    /* initialisation: MLP outputs at the training means, inputs scaled to unit RMS */
+    if (o.arch == ARCH_MLP) {
+        float *mean_a = xmalloc((size_t)L * G * sizeof(float)), *mean_A = xmalloc((size_t)L * G * d * sizeof(float));
+        for (int l = 0; l < L; l++)
+            for (int g = 0; g < G; g++) {
+                double sa = 0, sq = 0, *sA = xmalloc(d * sizeof(double));
+                for (long t = 0; t < td.P; t++)
+                    for (int j = 0; j < group; j++) {
+                        size_t row = ((size_t)l * td.P + t) * D + (size_t)(g * group + j) * d;
+                        sa += td.alpha[((size_t)l * td.P + t) * H + g * group + j];
+                        for (int k = 0; k < d; k++) { sA[k] += td.A[row + k]; sq += td.q[row + k] * td.q[row + k]; }
+                    }
+                double count = (double)td.P * group;
+                mean_a[l * G + g] = (float)(sa / count);
+                for (int k = 0; k < d; k++) mean_A[((size_t)l * G + g) * d + k] = (float)(sA[k] / count);
+                ms.modules[l * G + g].input_scale = (float)(1.0 / sqrt(sq / (count * d) + 1e-12));
+                free(sA);
+            }
+        mlp_init(&ms, o.seed + 7, mean_a, mean_A);
+        free(mean_a); free(mean_A);
+    } else {
+        quad_init_from_cache(&ms, &cache);
+    }
+
+    /* 4. fitting */
+    uint64_t run_hash = fnv1a(FNV_OFFSET, &o.arch, sizeof o.arch);
+    float floats[] = {o.rho, o.lr, o.weight_decay, o.warmup_fraction, o.lambda_alpha, o.lambda_A};
+    int ints[] = {o.steps, o.batch, o.n_prompts, o.prompt_len, o.depth_backbone, o.depth_score, o.depth_target};
+    run_hash = fnv1a(run_hash, floats, sizeof floats);
+    run_hash = fnv1a(run_hash, ints, sizeof ints);
+    run_hash = fnv1a(run_hash, &o.seed, sizeof o.seed);
+    run_hash = fnv1a(run_hash, o.groups, strlen(o.groups));
+    run_hash = fnv1a(run_hash, &model.fingerprint, sizeof(uint64_t));
+    run_hash = fnv1a(run_hash, &cache.fingerprint, sizeof(uint64_t));
+    run_hash = fnv1a(run_hash, all->tokens, all->offsets[all->n_prompts] * sizeof(int));
+
+    Adam adam = {xmalloc(ms.n_params * sizeof(float)), xmalloc(ms.n_params * sizeof(float)), 0};
+    if (o.resume_path) {
+        if (load_checkpoint(o.resume_path, &ms, &adam, run_hash) != 0) return 1;
+        fprintf(stderr, "resumed from %s at step %d\n", o.resume_path, adam.step);
+    }
+    int B = o.batch, N = B * group;
+    ModuleWork work;
+    modulework_alloc(&work, &ms, N);
+    long *batch_pos = xmalloc(B * sizeof(long));
+    float *q = xmalloc((size_t)N * d * sizeof(float)), *a = xmalloc(N * sizeof(float));
+    float *A = xmalloc((size_t)N * d * sizeof(float)), *da = xmalloc(N * sizeof(float));
+    float *dA = xmalloc((size_t)N * d * sizeof(float));
+    double t_fit = now_seconds(), last_print = 0, loss = 0;
+    int last_step = o.stop_after > 0 && o.stop_after < o.steps ? o.stop_after : o.steps;
+    int first_step = adam.step;
+    for (int step = first_step; step < last_step; step++) {
+        /* the batch depends only on (seed, step): resuming draws the same batches */
+        uint64_t batch_rng = fnv1a(o.seed, &step, sizeof step) | 1;
+        for (int b = 0; b < B; b++) batch_pos[b] = (long)(rng_u32(&batch_rng) % (uint32_t)td.P);
+        memset(ms.grads, 0, ms.n_params * sizeof(float));
+        loss = 0;
+        for (int l = 0; l < L; l++)
+            for (int g = 0; g < G; g++) {
+                Module *mod = &ms.modules[l * G + g];
+                for (int b = 0; b < B; b++)
+                    memcpy(q + (size_t)b * group * d, td.q + ((size_t)l * td.P + batch_pos[b]) * D + (size_t)g * group * d,
+                           (size_t)group * d * sizeof(float));
+                module_forward(&ms, mod, &work, q, N, a, A);
+                /* L = lambda_alpha mean (a - alpha)^2 + lambda_A mean ||A_theta - A||^2 */
+                for (int b = 0; b < B; b++)
+                    for (int j = 0; j < group; j++) {
+                        int row = b * group + j, h = g * group + j;
+                        float ea = a[row] - td.alpha[((size_t)l * td.P + batch_pos[b]) * H + h];
+                        const float *At = td.A + ((size_t)l * td.P + batch_pos[b]) * D + (size_t)h * d;
+                        loss += o.lambda_alpha * ea * ea / N;
+                        da[row] = 2.0f * o.lambda_alpha * ea / N;
+                        for (int k = 0; k < d; k++) {
+                            float e = A[(size_t)row * d + k] - At[k];
+                            loss += o.lambda_A * e * e / N;
+                            dA[(size_t)row * d + k] = 2.0f * o.lambda_A * e / N;
+                        }
+                    }
+                module_backward(&ms, mod, &work, q, N, a, A, da, dA, NULL);
+            }
+        /* global gradient norm clipping at 1.0 */
+        double norm = 0;
+        for (size_t i = 0; i < ms.n_params; i++) norm += (double)ms.grads[i] * ms.grads[i];
+        norm = sqrt(norm);
+        if (norm > 1.0) for (size_t i = 0; i < ms.n_params; i++) ms.grads[i] *= (float)(1.0 / norm);
+        float lr = learning_rate(&o, step);
+        adamw_step(&ms, &adam, lr, o.weight_decay);
+        double now = now_seconds() - t_fit;
+        if (now - last_print > 1.0 || step + 1 == last_step) {
+            last_print = now;
+            int done = step + 1 - first_step;
+            fprintf(stderr, "\rstep %d/%d  loss %.5f  lr %.2e  |g| %.3f  %.1fs  ETA %.0fs   ", step + 1, o.steps,
+                    loss / (L * G), lr, norm, now, now / done * (last_step - step - 1));
+        }
+        if (o.checkpoint_path && ((step + 1) % o.checkpoint_every == 0 || step + 1 == last_step))
+            if (save_checkpoint(o.checkpoint_path, &ms, &adam, run_hash) != 0) return 1;
+    }
+    fprintf(stderr, "\n");
+    double fit_seconds = now_seconds() - t_fit;
+    if (last_step < o.steps) {
+        fprintf(stderr, "stopped after step %d as asked; resume with --resume %s\n", last_step,
+                o.checkpoint_path ? o.checkpoint_path : "(no --checkpoint given)");
+        return 0;
+    }
+
+    /* 5. the module file, with the held-out prompts */
+    ms.heldout = select_prompts(all, is_train, 0);
+    if (moduleset_save(&ms, o.out_path) != 0) return 1;
+    fprintf(stderr, "wrote %s: %zu parameters, %.1f KB (document KV state: %.1f KB)\n", o.out_path,
+            ms.n_params, ms.n_params * 4 / 1e3, kv_entries * 4 / 1e3);
+
+    /* 6. metrics on the held-out prompts: all of them, and the challenge split */
+    EvalResult random_split, challenge_split;
+    if (evaluate(&model, &cache, &ms, &ms.heldout, 0, &random_split) != 0) return 1;
+    if (evaluate(&model, &cache, &ms, &ms.heldout, 1, &challenge_split) != 0) return 1;
+    if (o.json) {
+        printf("{\"arch\": \"%s\", \"rho\": %.6g, \"params\": %zu, \"kv_entries\": %ld, \"n_doc\": %d, "
+               "\"steps\": %d, \"fit_seconds\": %.3f, \"total_seconds\": %.3f, \"random\": ",
+               o.arch == ARCH_MLP ? "mlp" : "quad", o.rho, ms.n_params, kv_entries, n_doc, o.steps,
+               fit_seconds, now_seconds() - t_start);
+        print_eval_json(stdout, &random_split);
+        printf(", \"challenge\": ");
+        print_eval_json(stdout, &challenge_split);
+        printf("}\n");
+    } else {
+        print_eval_table(stdout, "held-out prompts (random split)", &random_split, L);
+        print_eval_table(stdout, "held-out prompts (challenge split)", &challenge_split, L);
+    }
+    fprintf(stderr, "fitting took %.1fs (%d steps), the whole run %.1fs\n", fit_seconds, o.steps,
+            now_seconds() - t_start);
+
+    evalresult_free(&random_split); evalresult_free(&challenge_split);
+    free(batch_pos); free(q); free(a); free(A); free(da); free(dA);
+    free(adam.m); free(adam.v); free(mult); free(sizes); free(embed); free(is_train); free(order);
+    free(td.q); free(td.A); free(td.alpha);
+    modulework_free(&work);
+    moduleset_free(&ms);
+    promptset_free(all);
+    doccache_free(&cache);
+    free(doc_ids);
+    if (tokp) tokenizer_free(tokp);
+    model_free(&model);
+    return 0;
+}
