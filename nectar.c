@@ -156,13 +156,17 @@ static int check_config(const Config *c, const char *path) {
     return 0;
 }
 
-void model_refresh(Model *m) {
-    TensorSizes t = tensor_sizes(&m->config, m->shared_classifier);
-    float **views[] = {&m->w.token_embedding, &m->w.rms_att, &m->w.wq, &m->w.wk, &m->w.wv,
-                       &m->w.wo, &m->w.rms_ffn, &m->w.w1, &m->w.w2, &m->w.w3, &m->w.rms_final};
-    float *p = m->params;
+void weights_view(const Config *c, int shared, float *base, Weights *w) {
+    TensorSizes t = tensor_sizes(c, shared);
+    float **views[] = {&w->token_embedding, &w->rms_att, &w->wq, &w->wk, &w->wv,
+                       &w->wo, &w->rms_ffn, &w->w1, &w->w2, &w->w3, &w->rms_final};
+    float *p = base;
     for (int i = 0; i < 11; i++) { *views[i] = p; p += t.count[i]; }
-    m->w.wcls = m->shared_classifier ? m->w.token_embedding : p;
+    w->wcls = shared ? w->token_embedding : p;
+}
+
+void model_refresh(Model *m) {
+    weights_view(&m->config, m->shared_classifier, m->params, &m->w);
     uint64_t h = fnv1a(FNV_OFFSET, &m->config, sizeof(Config));
     h = fnv1a(h, &m->shared_classifier, sizeof(int));
     m->fingerprint = fnv1a(h, m->params, m->n_params * sizeof(float));
@@ -315,30 +319,31 @@ void attention_states(int nq, int nk, int d, const float *q, int ldq,
 /* Backward of A_i = sum_j P_ij v_j, lse_i = log sum_j exp(s_ij), P = softmax(s):
  *   dv_j  += sum_i P_ij dA_i
  *   ds_ij  = P_ij (dlse_i + dA_i . v_j - dA_i . A_i)
- *   dq_i  += sum_j ds_ij k_j / sqrt(d),   dk_j += sum_i ds_ij q_i / sqrt(d) */
-void attention_states_backward(int nq, int nk, int d, const float *q, const float *k,
-                               const float *v, const float *A, const float *scores,
-                               const float *dA, const float *dlse,
-                               float *dq, float *dk, float *dv, float *tmp) {
+ *   dq_i  += sum_j ds_ij k_j / sqrt(d),   dk_j += sum_i ds_ij q_i / sqrt(d)
+ * Masked keys have P_ij = 0 and get nothing. */
+void attention_states_backward(int nq, int nk, int d, const float *q, int ldq,
+                               const float *k, const float *v, int ldkv,
+                               const float *A, const float *dA, int ldA, const float *dlse, int ldlse,
+                               const float *scores, float *dq, float *dk, float *dv, float *tmp) {
     if (nk == 0) return;
     float scale = 1.0f / sqrtf((float)d);
     if (dv) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, d, nq, 1.0f,
-                        scores, nk, dA, d, 1.0f, dv, d);
+                        scores, nk, dA, ldA, 1.0f, dv, ldkv);
     /* tmp (nq, nk) = dA V^T, then ds in place */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, d, 1.0f, dA, d, v, d, 0.0f, tmp, nk);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, d, 1.0f, dA, ldA, v, ldkv, 0.0f, tmp, nk);
     for (int i = 0; i < nq; i++) {
         float dA_dot_A = 0.0f;
-        for (int c = 0; c < d; c++) dA_dot_A += dA[(size_t)i * d + c] * A[(size_t)i * d + c];
-        float g = dlse ? dlse[i] : 0.0f;
+        for (int c = 0; c < d; c++) dA_dot_A += dA[(size_t)i * ldA + c] * A[(size_t)i * ldA + c];
+        float g = dlse ? dlse[(size_t)i * ldlse] : 0.0f;
         for (int j = 0; j < nk; j++) {
             size_t ij = (size_t)i * nk + j;
             tmp[ij] = scores[ij] * (g + tmp[ij] - dA_dot_A);
         }
     }
     if (dq) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, d, nk, scale,
-                        tmp, nk, k, d, 1.0f, dq, d);
+                        tmp, nk, k, ldkv, 1.0f, dq, ldq);
     if (dk) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, d, nq, scale,
-                        tmp, nk, q, d, 1.0f, dk, d);
+                        tmp, nk, q, ldq, 1.0f, dk, ldkv);
 }
 
 /* m = max(lse1, lse2), w_i = exp(lse_i - m):
@@ -356,6 +361,24 @@ void merge_states(int d, const float *A1, float lse1, const float *A2, float lse
     float inv = 1.0f / (w1 + w2);
     for (int c = 0; c < d; c++) A[c] = (w1 * A1[c] + w2 * A2[c]) * inv;
     *lse = m + logf(w1 + w2);
+}
+
+/* Backward of the merge's A (its lse is not used downstream). With
+ * g = w1 / (w1 + w2) = sigmoid(lse1 - lse2), A = g A1 + (1 - g) A2:
+ *   dA1 = g dA,  dA2 = (1 - g) dA,  dlse1 = -dlse2 = g (1 - g) dA . (A1 - A2).
+ * An empty side (lse -inf) gets no gradient. */
+void merge_states_backward(int d, const float *A1, float lse1, const float *A2, float lse2,
+                           const float *dA, float *dA1, float *dlse1, float *dA2, float *dlse2) {
+    float m = lse1 > lse2 ? lse1 : lse2;
+    float g = m == -INFINITY ? 0.0f : expf(lse1 - m) / (expf(lse1 - m) + expf(lse2 - m));
+    float dot = 0.0f;
+    for (int c = 0; c < d; c++) {
+        dA1[c] = g * dA[c];
+        dA2[c] = (1.0f - g) * dA[c];
+        dot += dA[c] * (A1[c] - A2[c]);
+    }
+    *dlse1 = g * (1.0f - g) * dot;
+    *dlse2 = -*dlse1;
 }
 
 /* g = sigmoid(a_doc - lse_loc); out = g A_doc + (1 - g) A_loc */
@@ -601,7 +624,8 @@ void module_backward(const ModuleSet *s, const Module *mod, ModuleWork *w,
         const float *W = mod->params, *Z = mod->params + (size_t)mod->n_pairs * d;
         float *dW = mod->grads, *dZ = mod->grads + (size_t)mod->n_pairs * d;
         if (dq) memset(dq, 0, (size_t)N * d * sizeof(float));
-        attention_states_backward(N, mod->n_pairs, d, q, W, Z, A, w->probs, dA, da, dq, dW, dZ, w->tmp);
+        attention_states_backward(N, mod->n_pairs, d, q, d, W, Z, d, A, dA, d, da, 1, w->probs,
+                                  dq, dW, dZ, w->tmp);
         return;
     }
     (void)a;
@@ -806,8 +830,11 @@ int runstate_alloc(RunState *s, const Model *m, const Document *doc, int max_blo
     s->doc_lse = xmalloc(B * H * sizeof(float));
     s->loc_A = xmalloc(B * D * sizeof(float));
     s->loc_lse = xmalloc(B * H * sizeof(float));
+    s->x_mid = xmalloc(B * D * sizeof(float));
+    s->xb2 = xmalloc(B * D * sizeof(float));
     s->hb = xmalloc(B * F * sizeof(float));
     s->hb2 = xmalloc(B * F * sizeof(float));
+    s->hgate = xmalloc(B * F * sizeof(float));
     s->scores = xmalloc(B * keys * sizeof(float));
     s->logits = xmalloc(B * c->vocab_size * sizeof(float));
     s->key_cache = xmalloc((size_t)c->n_layers * capacity * KVD * sizeof(float));
@@ -828,7 +855,30 @@ void runstate_free(RunState *s) {
     free(s->key_cache); free(s->value_cache); free(s->mq); free(s->ma); free(s->mA);
     modulework_free(&s->work);
     free(s->tap_q); free(s->tap_doc_A); free(s->tap_doc_lse);
+    free(s->x_mid); free(s->xb2); free(s->hgate);
+    float *grads[] = {s->saved_x, s->dx, s->dx_mid, s->dxb, s->dq, s->dk, s->dv, s->datt, s->dhb, s->dhb2,
+                      s->dhgate, s->ddoc_A, s->dloc_A, s->ddoc_lse, s->dloc_lse, s->dmq, s->dma, s->dmA, s->tmp};
+    for (size_t i = 0; i < sizeof(grads) / sizeof(grads[0]); i++) free(grads[i]);
     memset(s, 0, sizeof(*s));
+}
+
+void runstate_enable_backward(RunState *s, const Model *m) {
+    const Config *c = &m->config;
+    size_t B = s->max_block, D = c->dim, F = c->hidden_dim, H = c->n_heads;
+    size_t KVD = (size_t)c->dim / c->n_heads * c->n_kv_heads;
+    size_t keys = s->max_doc > s->capacity ? s->max_doc : s->capacity;
+    s->saved_x = xmalloc((size_t)(c->n_layers + 1) * B * D * sizeof(float));
+    float **bd[] = {&s->dx, &s->dx_mid, &s->dxb, &s->dq, &s->datt, &s->ddoc_A, &s->dloc_A, &s->dmq, &s->dmA};
+    for (size_t i = 0; i < sizeof(bd) / sizeof(bd[0]); i++) *bd[i] = xmalloc(B * D * sizeof(float));
+    s->dk = xmalloc(B * KVD * sizeof(float));
+    s->dv = xmalloc(B * KVD * sizeof(float));
+    s->dhb = xmalloc(B * F * sizeof(float));
+    s->dhb2 = xmalloc(B * F * sizeof(float));
+    s->dhgate = xmalloc(B * F * sizeof(float));
+    s->ddoc_lse = xmalloc(B * H * sizeof(float));
+    s->dloc_lse = xmalloc(B * H * sizeof(float));
+    s->dma = xmalloc(B * H * sizeof(float));
+    s->tmp = xmalloc(B * keys * sizeof(float));
 }
 
 void runstate_enable_taps(RunState *s, const Model *m) {
@@ -838,7 +888,7 @@ void runstate_enable_taps(RunState *s, const Model *m) {
     s->tap_doc_lse = xmalloc(rows * m->config.n_heads * sizeof(float));
 }
 
-/* o = w * x / sqrt(mean(x^2) + 1e-5) */
+/* o = w * x * r,  r = 1 / sqrt(mean(x^2) + 1e-5) */
 static void rmsnorm(float *o, const float *x, const float *w, int n) {
     float ss = 0.0f;
     for (int i = 0; i < n; i++) ss += x[i] * x[i];
@@ -846,12 +896,25 @@ static void rmsnorm(float *o, const float *x, const float *w, int n) {
     for (int i = 0; i < n; i++) o[i] = w[i] * (ss * x[i]);
 }
 
+/* Backward of o = w * x * r:
+ *   dx_j += r w_j do_j - (r^3 / n) x_j sum_i w_i do_i x_i,   dw_i += do_i x_i r */
+static void rmsnorm_backward(float *dx, float *dw, const float *x, const float *w, const float *dout, int n) {
+    float ss = 0.0f, dot = 0.0f;
+    for (int i = 0; i < n; i++) { ss += x[i] * x[i]; dot += w[i] * dout[i] * x[i]; }
+    float r = 1.0f / sqrtf(ss / n + 1e-5f), c = r * r * r / n * dot;
+    for (int i = 0; i < n; i++) {
+        dx[i] += r * w[i] * dout[i] - c * x[i];
+        if (dw) dw[i] += dout[i] * x[i] * r;
+    }
+}
+
 /* RoPE, llama2.c convention: each adjacent pair (v_i, v_i+1) of a head is
- * rotated by pos * theta^(-(i mod d) / d), theta = 10000. */
-static void rope(float *vec, int n, int head_size, int pos) {
+ * rotated by the angle pos * theta^(-(i mod d) / d), theta = 10000.
+ * direction -1 rotates back: the backward of the rotation. */
+static void rope(float *vec, int n, int head_size, int pos, float direction) {
     for (int i = 0; i < n; i += 2) {
         float freq = 1.0f / powf(10000.0f, (i % head_size) / (float)head_size);
-        float angle = pos * freq, fcr = cosf(angle), fci = sinf(angle);
+        float angle = pos * freq, fcr = cosf(angle), fci = direction * sinf(angle);
         float v0 = vec[i], v1 = vec[i + 1];
         vec[i] = v0 * fcr - v1 * fci;
         vec[i + 1] = v0 * fci + v1 * fcr;
@@ -932,11 +995,59 @@ static void attention_nectar(const Model *m, RunState *s, const Document *doc, i
     merge_rows(m, s, ntok);
 }
 
-int forward(const Model *m, RunState *s, const Document *doc, const int *tokens, int ntok, int pos,
-            int logits) {
+/* One transformer layer over the block: s->x (ntok, D) in, s->x out. */
+static void layer_forward(const Model *m, RunState *s, const Document *doc, int l, int ntok, int pos) {
     const Config *c = &m->config;
     const Weights *w = &m->w;
     int D = c->dim, F = c->hidden_dim, d = D / c->n_heads, KVD = d * c->n_kv_heads;
+    for (int t = 0; t < ntok; t++)
+        rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, w->rms_att + (size_t)l * D, D);
+    /* q, k, v (B, D / KVD) = xb Wq^T, xb Wk^T, xb Wv^T */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, D, D, 1.0f, s->xb, D,
+                w->wq + (size_t)l * D * D, D, 0.0f, s->q, D);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, KVD, D, 1.0f, s->xb, D,
+                w->wk + (size_t)l * KVD * D, D, 0.0f, s->k, KVD);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, KVD, D, 1.0f, s->xb, D,
+                w->wv + (size_t)l * KVD * D, D, 0.0f, s->v, KVD);
+    for (int t = 0; t < ntok; t++) {
+        int position = doc->n + pos + t;  /* local tokens follow the document */
+        rope(s->q + (size_t)t * D, D, d, position, 1.0f);
+        rope(s->k + (size_t)t * KVD, KVD, d, position, 1.0f);
+    }
+    size_t cache_row = ((size_t)l * s->capacity + pos) * KVD;
+    memcpy(s->key_cache + cache_row, s->k, (size_t)ntok * KVD * sizeof(float));
+    memcpy(s->value_cache + cache_row, s->v, (size_t)ntok * KVD * sizeof(float));
+
+    if (doc->mode == DOC_NECTAR) attention_nectar(m, s, doc, l, ntok, pos);
+    else attention_exact(m, s, doc, l, ntok, pos);
+    if (s->tap_q) {
+        size_t row = (size_t)l * s->max_block;
+        memcpy(s->tap_q + row * D, s->q, (size_t)ntok * D * sizeof(float));
+        memcpy(s->tap_doc_A + row * D, s->doc_A, (size_t)ntok * D * sizeof(float));
+        memcpy(s->tap_doc_lse + row * c->n_heads, s->doc_lse, (size_t)ntok * c->n_heads * sizeof(float));
+    }
+
+    /* x_mid = x + att Wo^T */
+    memcpy(s->x_mid, s->x, (size_t)ntok * D * sizeof(float));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, D, D, 1.0f, s->att, D,
+                w->wo + (size_t)l * D * D, D, 1.0f, s->x_mid, D);
+    /* x = x_mid + W2 (SiLU(W1 xb2) * W3 xb2), xb2 = rmsnorm(x_mid) */
+    for (int t = 0; t < ntok; t++)
+        rmsnorm(s->xb2 + (size_t)t * D, s->x_mid + (size_t)t * D, w->rms_ffn + (size_t)l * D, D);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, F, D, 1.0f, s->xb2, D,
+                w->w1 + (size_t)l * F * D, D, 0.0f, s->hb, F);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, F, D, 1.0f, s->xb2, D,
+                w->w3 + (size_t)l * F * D, D, 0.0f, s->hb2, F);
+    for (size_t i = 0; i < (size_t)ntok * F; i++) s->hgate[i] = silu(s->hb[i]) * s->hb2[i];
+    memcpy(s->x, s->x_mid, (size_t)ntok * D * sizeof(float));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, D, F, 1.0f, s->hgate, F,
+                w->w2 + (size_t)l * D * F, F, 1.0f, s->x, D);
+}
+
+int forward(const Model *m, RunState *s, const Document *doc, const int *tokens, int ntok, int pos,
+            int logits) {
+    const Config *c = &m->config;
+    int D = c->dim;
     if (ntok < 1 || ntok > s->max_block || pos < 0 || pos + ntok > s->capacity) {
         fprintf(stderr, "error: %d tokens at local position %d do not fit the run state "
                 "(block %d, capacity %d)\n", ntok, pos, s->max_block, s->capacity);
@@ -949,58 +1060,175 @@ int forward(const Model *m, RunState *s, const Document *doc, const int *tokens,
         return -1;
     }
     for (int t = 0; t < ntok; t++)
-        memcpy(s->x + (size_t)t * D, w->token_embedding + (size_t)tokens[t] * D, D * sizeof(float));
-
+        memcpy(s->x + (size_t)t * D, m->w.token_embedding + (size_t)tokens[t] * D, D * sizeof(float));
     for (int l = 0; l < c->n_layers; l++) {
-        for (int t = 0; t < ntok; t++)
-            rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, w->rms_att + (size_t)l * D, D);
-        /* q, k, v (B, D / KVD) = xb Wq^T, xb Wk^T, xb Wv^T */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, D, D, 1.0f, s->xb, D,
-                    w->wq + (size_t)l * D * D, D, 0.0f, s->q, D);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, KVD, D, 1.0f, s->xb, D,
-                    w->wk + (size_t)l * KVD * D, D, 0.0f, s->k, KVD);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, KVD, D, 1.0f, s->xb, D,
-                    w->wv + (size_t)l * KVD * D, D, 0.0f, s->v, KVD);
-        for (int t = 0; t < ntok; t++) {
-            int position = doc->n + pos + t;  /* local tokens follow the document */
-            rope(s->q + (size_t)t * D, D, d, position);
-            rope(s->k + (size_t)t * KVD, KVD, d, position);
-        }
-        size_t cache_row = ((size_t)l * s->capacity + pos) * KVD;
-        memcpy(s->key_cache + cache_row, s->k, (size_t)ntok * KVD * sizeof(float));
-        memcpy(s->value_cache + cache_row, s->v, (size_t)ntok * KVD * sizeof(float));
-
-        if (doc->mode == DOC_NECTAR) attention_nectar(m, s, doc, l, ntok, pos);
-        else attention_exact(m, s, doc, l, ntok, pos);
-        if (s->tap_q) {
-            size_t row = (size_t)l * s->max_block;
-            memcpy(s->tap_q + row * D, s->q, (size_t)ntok * D * sizeof(float));
-            memcpy(s->tap_doc_A + row * D, s->doc_A, (size_t)ntok * D * sizeof(float));
-            memcpy(s->tap_doc_lse + row * c->n_heads, s->doc_lse, (size_t)ntok * c->n_heads * sizeof(float));
-        }
-
-        /* x += att Wo^T */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, D, D, 1.0f, s->att, D,
-                    w->wo + (size_t)l * D * D, D, 1.0f, s->x, D);
-        /* x += W2 (SiLU(W1 xb) * W3 xb), xb = rmsnorm(x) */
-        for (int t = 0; t < ntok; t++)
-            rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, w->rms_ffn + (size_t)l * D, D);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, F, D, 1.0f, s->xb, D,
-                    w->w1 + (size_t)l * F * D, D, 0.0f, s->hb, F);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, F, D, 1.0f, s->xb, D,
-                    w->w3 + (size_t)l * F * D, D, 0.0f, s->hb2, F);
-        for (size_t i = 0; i < (size_t)ntok * F; i++) s->hb[i] = silu(s->hb[i]) * s->hb2[i];
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, D, F, 1.0f, s->hb, F,
-                    w->w2 + (size_t)l * D * F, F, 1.0f, s->x, D);
+        if (s->saved_x) memcpy(s->saved_x + (size_t)l * s->max_block * D, s->x, (size_t)ntok * D * sizeof(float));
+        layer_forward(m, s, doc, l, ntok, pos);
     }
+    if (s->saved_x) memcpy(s->saved_x + (size_t)c->n_layers * s->max_block * D, s->x, (size_t)ntok * D * sizeof(float));
     if (logits == LOGITS_NONE) return 0;
     int first = logits == LOGITS_ALL ? 0 : ntok - 1, rows = ntok - first;
     for (int t = first; t < ntok; t++)
-        rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, w->rms_final, D);
+        rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, m->w.rms_final, D);
     /* logits (rows, V) = xb Wcls^T */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, c->vocab_size, D, 1.0f,
-                s->xb + (size_t)first * D, D, w->wcls, D, 0.0f,
+                s->xb + (size_t)first * D, D, m->w.wcls, D, 0.0f,
                 s->logits + (size_t)first * c->vocab_size, c->vocab_size);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Backward pass: each step quotes the forward line it differentiates       */
+
+/* Exact: backward through the document's state into the queries (the cache
+ * itself is frozen). P is recomputed head by head. */
+static void document_states_exact_backward(const Model *m, RunState *s, const DocCache *cache, int l, int ntok) {
+    const Config *c = &m->config;
+    int d = c->dim / c->n_heads, KVD = d * c->n_kv_heads, group = c->n_heads / c->n_kv_heads;
+    int n = cache ? cache->n : 0;
+    if (n == 0) return;
+    for (int h = 0; h < c->n_heads; h++) {
+        size_t kv = ((size_t)l * n) * KVD + (size_t)(h / group) * d;
+        attention_states(ntok, n, d, s->q + h * d, c->dim, cache->key + kv, cache->value + kv, KVD, n,
+                         s->doc_A + h * d, c->dim, s->doc_lse + h, c->n_heads, s->scores);
+        attention_states_backward(ntok, n, d, s->q + h * d, c->dim, cache->key + kv, cache->value + kv, KVD,
+                                  s->doc_A + h * d, s->ddoc_A + h * d, c->dim, s->ddoc_lse + h, c->n_heads,
+                                  s->scores, s->dq + h * d, NULL, NULL, s->tmp);
+    }
+}
+
+/* Nectar: backward through each module (recomputed on the same queries),
+ * into its parameters and the queries. */
+static void document_states_nectar_backward(const Model *m, RunState *s, const ModuleSet *ms, int l, int ntok) {
+    const Config *c = &m->config;
+    int d = c->dim / c->n_heads, group = c->n_heads / c->n_kv_heads;
+    size_t row = (size_t)group * d;
+    for (int g = 0; g < c->n_kv_heads; g++) {
+        const Module *mod = &ms->modules[l * c->n_kv_heads + g];
+        for (int t = 0; t < ntok; t++) {
+            memcpy(s->mq + t * row, s->q + (size_t)t * c->dim + g * row, row * sizeof(float));
+            memcpy(s->dmA + t * row, s->ddoc_A + (size_t)t * c->dim + g * row, row * sizeof(float));
+            memcpy(s->dma + (size_t)t * group, s->ddoc_lse + (size_t)t * c->n_heads + g * group, group * sizeof(float));
+        }
+        module_forward(ms, mod, &s->work, s->mq, ntok * group, s->ma, s->mA);
+        module_backward(ms, mod, &s->work, s->mq, ntok * group, s->ma, s->mA, s->dma, s->dmA, s->dmq);
+        for (int t = 0; t < ntok; t++)
+            for (size_t j = 0; j < row; j++) s->dq[(size_t)t * c->dim + g * row + j] += s->dmq[t * row + j];
+    }
+}
+
+/* dW += dY^T X for a linear layer Y = X W^T (W stored (n_out, n_in)), if dW. */
+static void weight_grad(int ntok, int n_in, int n_out, const float *dY, const float *X, float *dW) {
+    if (dW) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n_out, n_in, ntok, 1.0f,
+                        dY, n_out, X, n_in, 1.0f, dW, n_in);
+}
+
+/* dX (+)= dY W for Y = X W^T; beta 0 overwrites, 1 adds. */
+static void input_grad(int ntok, int n_in, int n_out, const float *dY, const float *W, float beta, float *dX) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ntok, n_in, n_out, 1.0f,
+                dY, n_out, W, n_in, beta, dX, n_in);
+}
+
+#define LAYER(ptr, l, size) ((ptr) ? (ptr) + (size_t)(l) * (size) : NULL)
+
+/* Backward of layer_forward: s->dx holds dL/d(output x); on return it
+ * holds dL/d(input x). The layer's forward is recomputed first. */
+static void layer_backward(const Model *m, RunState *s, const Document *doc, int l, int ntok, Weights *dw) {
+    const Config *c = &m->config;
+    const Weights *w = &m->w;
+    int D = c->dim, F = c->hidden_dim, H = c->n_heads, d = D / H, KVD = d * c->n_kv_heads;
+    int group = H / c->n_kv_heads;
+    memcpy(s->x, s->saved_x + (size_t)l * s->max_block * D, (size_t)ntok * D * sizeof(float));
+    layer_forward(m, s, doc, l, ntok, 0);
+    const float *x_in = s->saved_x + (size_t)l * s->max_block * D;
+
+    /* x = x_mid + hgate W2^T */
+    input_grad(ntok, F, D, s->dx, w->w2 + (size_t)l * D * F, 0.0f, s->dhgate);
+    weight_grad(ntok, F, D, s->dx, s->hgate, LAYER(dw ? dw->w2 : NULL, l, (size_t)D * F));
+    /* hgate = SiLU(hb) * hb2 */
+    for (size_t i = 0; i < (size_t)ntok * F; i++) {
+        float sg = 1.0f / (1.0f + expf(-s->hb[i]));
+        s->dhb2[i] = s->dhgate[i] * s->hb[i] * sg;
+        s->dhb[i] = s->dhgate[i] * s->hb2[i] * sg * (1.0f + s->hb[i] * (1.0f - sg));
+    }
+    /* hb = xb2 W1^T, hb2 = xb2 W3^T */
+    input_grad(ntok, D, F, s->dhb, w->w1 + (size_t)l * F * D, 0.0f, s->dxb);
+    input_grad(ntok, D, F, s->dhb2, w->w3 + (size_t)l * F * D, 1.0f, s->dxb);
+    weight_grad(ntok, D, F, s->dhb, s->xb2, LAYER(dw ? dw->w1 : NULL, l, (size_t)F * D));
+    weight_grad(ntok, D, F, s->dhb2, s->xb2, LAYER(dw ? dw->w3 : NULL, l, (size_t)F * D));
+    /* xb2 = rmsnorm(x_mid); x_mid also flows straight to x */
+    memcpy(s->dx_mid, s->dx, (size_t)ntok * D * sizeof(float));
+    for (int t = 0; t < ntok; t++)
+        rmsnorm_backward(s->dx_mid + (size_t)t * D, LAYER(dw ? dw->rms_ffn : NULL, l, D), s->x_mid + (size_t)t * D,
+                         w->rms_ffn + (size_t)l * D, s->dxb + (size_t)t * D, D);
+    /* x_mid = x + att Wo^T */
+    input_grad(ntok, D, D, s->dx_mid, w->wo + (size_t)l * D * D, 0.0f, s->datt);
+    weight_grad(ntok, D, D, s->dx_mid, s->att, LAYER(dw ? dw->wo : NULL, l, (size_t)D * D));
+    /* att = merge(document state, local state), per (row, head) */
+    for (int t = 0; t < ntok; t++)
+        for (int h = 0; h < H; h++) {
+            size_t row = (size_t)t * D + h * d, head = (size_t)t * H + h;
+            merge_states_backward(d, s->doc_A + row, s->doc_lse[head], s->loc_A + row, s->loc_lse[head],
+                                  s->datt + row, s->ddoc_A + row, &s->ddoc_lse[head], s->dloc_A + row,
+                                  &s->dloc_lse[head]);
+        }
+    /* local state: causal attention over the block's own keys (local position 0 on) */
+    memset(s->dq, 0, (size_t)ntok * D * sizeof(float));
+    memset(s->dk, 0, (size_t)ntok * KVD * sizeof(float));
+    memset(s->dv, 0, (size_t)ntok * KVD * sizeof(float));
+    size_t layer = (size_t)l * s->capacity * KVD;
+    for (int h = 0; h < H; h++) {
+        size_t kv = layer + (size_t)(h / group) * d;
+        attention_states(ntok, ntok, d, s->q + h * d, D, s->key_cache + kv, s->value_cache + kv, KVD, 1,
+                         s->loc_A + h * d, D, s->loc_lse + h, H, s->scores);
+        attention_states_backward(ntok, ntok, d, s->q + h * d, D, s->key_cache + kv, s->value_cache + kv, KVD,
+                                  s->loc_A + h * d, s->dloc_A + h * d, D, s->dloc_lse + h, H, s->scores,
+                                  s->dq + h * d, s->dk + (h / group) * d, s->dv + (h / group) * d, s->tmp);
+    }
+    /* document state: the one place where the two paths differ */
+    if (doc->mode == DOC_NECTAR) document_states_nectar_backward(m, s, doc->modules, l, ntok);
+    else document_states_exact_backward(m, s, doc->cache, l, ntok);
+    /* q, k rotated at their positions: rotate the gradients back */
+    for (int t = 0; t < ntok; t++) {
+        rope(s->dq + (size_t)t * D, D, d, doc->n + t, -1.0f);
+        rope(s->dk + (size_t)t * KVD, KVD, d, doc->n + t, -1.0f);
+    }
+    /* q, k, v = xb Wq^T, xb Wk^T, xb Wv^T */
+    input_grad(ntok, D, D, s->dq, w->wq + (size_t)l * D * D, 0.0f, s->dxb);
+    input_grad(ntok, D, KVD, s->dk, w->wk + (size_t)l * KVD * D, 1.0f, s->dxb);
+    input_grad(ntok, D, KVD, s->dv, w->wv + (size_t)l * KVD * D, 1.0f, s->dxb);
+    weight_grad(ntok, D, D, s->dq, s->xb, LAYER(dw ? dw->wq : NULL, l, (size_t)D * D));
+    weight_grad(ntok, D, KVD, s->dk, s->xb, LAYER(dw ? dw->wk : NULL, l, (size_t)KVD * D));
+    weight_grad(ntok, D, KVD, s->dv, s->xb, LAYER(dw ? dw->wv : NULL, l, (size_t)KVD * D));
+    /* xb = rmsnorm(x); x also flows straight to x_mid */
+    memcpy(s->dx, s->dx_mid, (size_t)ntok * D * sizeof(float));
+    for (int t = 0; t < ntok; t++)
+        rmsnorm_backward(s->dx + (size_t)t * D, LAYER(dw ? dw->rms_att : NULL, l, D), x_in + (size_t)t * D,
+                         w->rms_att + (size_t)l * D, s->dxb + (size_t)t * D, D);
+}
+
+int backward(const Model *m, RunState *s, const Document *doc, const int *tokens, int ntok,
+             const float *dlogits, Weights *dw) {
+    const Config *c = &m->config;
+    int D = c->dim, V = c->vocab_size, L = c->n_layers;
+    if (!s->saved_x || ntok > s->max_block) {
+        fprintf(stderr, "error: backward needs a run state with backward enabled and the block just run\n");
+        return -1;
+    }
+    /* logits = rmsnorm(x_L) Wcls^T */
+    const float *x_final = s->saved_x + (size_t)L * s->max_block * D;
+    for (int t = 0; t < ntok; t++) rmsnorm(s->xb + (size_t)t * D, x_final + (size_t)t * D, m->w.rms_final, D);
+    input_grad(ntok, D, V, dlogits, m->w.wcls, 0.0f, s->dxb);
+    weight_grad(ntok, D, V, dlogits, s->xb, dw ? dw->wcls : NULL);
+    memset(s->dx, 0, (size_t)ntok * D * sizeof(float));
+    for (int t = 0; t < ntok; t++)
+        rmsnorm_backward(s->dx + (size_t)t * D, dw ? dw->rms_final : NULL, x_final + (size_t)t * D,
+                         m->w.rms_final, s->dxb + (size_t)t * D, D);
+    for (int l = L - 1; l >= 0; l--) layer_backward(m, s, doc, l, ntok, dw);
+    /* x_0 = token_embedding[token] */
+    if (dw)
+        for (int t = 0; t < ntok; t++)
+            for (int i = 0; i < D; i++) dw->token_embedding[(size_t)tokens[t] * D + i] += s->dx[(size_t)t * D + i];
     return 0;
 }
 
@@ -1055,6 +1283,20 @@ static double kl_divergence(const double *logp, const double *logq, int n) {
     double kl = 0;
     for (int i = 0; i < n; i++) kl += exp(logp[i]) * (logp[i] - logq[i]);
     return kl;
+}
+
+double kl_loss(const float *teacher_logits, const float *student_logits, int ntok, int V, float *dlogits) {
+    double *lp = xmalloc(V * sizeof(double)), *lq = xmalloc(V * sizeof(double)), total = 0;
+    for (int t = 0; t < ntok; t++) {
+        log_softmax(teacher_logits + (size_t)t * V, V, lp);
+        log_softmax(student_logits + (size_t)t * V, V, lq);
+        total += kl_divergence(lp, lq, V);
+        /* d KL(p || softmax(z)) / dz = softmax(z) - p, averaged over positions */
+        if (dlogits)
+            for (int i = 0; i < V; i++) dlogits[(size_t)t * V + i] = (float)((exp(lq[i]) - exp(lp[i])) / ntok);
+    }
+    free(lp); free(lq);
+    return total / ntok;
 }
 
 int evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,

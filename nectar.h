@@ -67,6 +67,9 @@ int  model_load(Model *m, const char *path);
 int  model_init_random(Model *m, Config c, int shared_classifier, uint64_t seed, float std);
 int  model_save(const Model *m, const char *path);
 void model_free(Model *m);
+/* Points w at the tensors of a block laid out like Model.params (the
+ * weights, or their gradients). */
+void weights_view(const Config *c, int shared_classifier, float *base, Weights *w);
 /* Sets params views and the fingerprint after params changed. */
 void model_refresh(Model *m);
 /* A sentence and -1 if any id is outside [0, V). `what` names the input. */
@@ -111,18 +114,20 @@ void attention_states(int nq, int nk, int d,
                       const float *q, int ldq,
                       const float *k, const float *v, int ldkv, int visible,
                       float *A, int ldA, float *lse, int ldlse, float *scores);
-/* Backward of attention_states (all keys visible): given dA (nq, d) and
- * dlse (nq), the probabilities left in `scores` and the forward A, adds
- * into dq (nq, d), dk and dv (nk, d). tmp: (nq, nk) scratch. Any of dq, dk,
- * dv may be NULL. */
-void attention_states_backward(int nq, int nk, int d,
-                               const float *q, const float *k, const float *v,
-                               const float *A, const float *scores,
-                               const float *dA, const float *dlse,
-                               float *dq, float *dk, float *dv, float *tmp);
+/* Backward of attention_states: given dA (nq, d) and dlse (nq; NULL = 0),
+ * the forward A and the probabilities it left in `scores`, adds into dq
+ * (nq, d), dk and dv (nk, d), each with the stride of its forward twin
+ * (any may be NULL). tmp: (nq, nk) scratch. */
+void attention_states_backward(int nq, int nk, int d, const float *q, int ldq,
+                               const float *k, const float *v, int ldkv,
+                               const float *A, const float *dA, int ldA, const float *dlse, int ldlse,
+                               const float *scores, float *dq, float *dk, float *dv, float *tmp);
 /* Merge of two states of the same query (exact split of one softmax sum). */
 void merge_states(int d, const float *A1, float lse1, const float *A2, float lse2,
                   float *A, float *lse);
+/* Backward of merge_states' A: gradients of both input states. */
+void merge_states_backward(int d, const float *A1, float lse1, const float *A2, float lse2,
+                           const float *dA, float *dA1, float *dlse1, float *dA2, float *dlse2);
 /* Gate form of the same merge (local set not empty):
  * g = sigmoid(a_doc - lse_loc), out = g A_doc + (1 - g) A_loc. */
 void gate_merge(int d, const float *A_doc, float a_doc, const float *A_loc,
@@ -235,7 +240,7 @@ typedef struct {
 typedef struct {
     int max_block, capacity, max_doc;  /* B, local tokens cached, n */
     float *x;       /* (B, D) residual stream */
-    float *xb;      /* (B, D) */
+    float *xb;      /* (B, D) rmsnorm(x) before attention (and before the classifier) */
     float *q;       /* (B, D) queries of every head, rotated */
     float *k;       /* (B, KVD) */
     float *v;       /* (B, KVD) */
@@ -244,8 +249,11 @@ typedef struct {
     float *doc_lse; /* (B, H) */
     float *loc_A;   /* (B, H, d) local state */
     float *loc_lse; /* (B, H) */
-    float *hb;      /* (B, F) */
-    float *hb2;     /* (B, F) */
+    float *x_mid;   /* (B, D) residual after attention */
+    float *xb2;     /* (B, D) rmsnorm(x_mid) */
+    float *hb;      /* (B, F) W1 xb2 */
+    float *hb2;     /* (B, F) W3 xb2 */
+    float *hgate;   /* (B, F) SiLU(hb) * hb2 */
     float *scores;  /* (B, max(n, capacity)) */
     float *logits;  /* (B, V) */
     float *key_cache;   /* (L, capacity, KVD) local keys, rotated */
@@ -259,12 +267,22 @@ typedef struct {
     float *tap_q;       /* (L, B, D) rotated queries */
     float *tap_doc_A;   /* (L, B, D) document state A per query head */
     float *tap_doc_lse; /* (L, B, H) document state lse (alpha) */
+    /* training (runstate_enable_backward): forward keeps every layer's input,
+     * backward recomputes each layer from it */
+    float *saved_x;     /* (L + 1, B, D) input of layer l; the final residual at L */
+    float *dx, *dx_mid, *dxb, *dq, *dk, *dv, *datt;   /* shapes of x, x, xb, q, k, v, att */
+    float *dhb, *dhb2, *dhgate;                     /* (B, F) */
+    float *ddoc_A, *dloc_A, *ddoc_lse, *dloc_lse;   /* (B, D), (B, D), (B, H), (B, H) */
+    float *dmq, *dma, *dmA;                         /* module twins: (B * H, d), (B * H), (B * H, d) */
+    float *tmp;         /* (B, max(n, capacity)) */
 } RunState;
 
 int  runstate_alloc(RunState *s, const Model *m, const Document *doc, int max_block, int capacity);
 void runstate_free(RunState *s);
 /* Allocates the taps (freed with the run state). */
 void runstate_enable_taps(RunState *s, const Model *m);
+/* Allocates what backward needs (freed with the run state). */
+void runstate_enable_backward(RunState *s, const Model *m);
 
 /* Runs tokens (ntok <= B) at local positions [pos, pos + ntok), writing their
  * keys/values into the local cache. Logits (LOGITS_*) of every row, of the
@@ -273,6 +291,14 @@ void runstate_enable_taps(RunState *s, const Model *m);
 enum { LOGITS_NONE = 0, LOGITS_LAST = 1, LOGITS_ALL = 2 };
 int forward(const Model *m, RunState *s, const Document *doc,
             const int *tokens, int ntok, int pos, int logits);
+
+/* Backward of the last forward (one block from local position 0, run with
+ * backward enabled): given dlogits (ntok, V), adds the gradients of the
+ * modules' parameters (DOC_NECTAR, into their grads) and, when dw is not
+ * NULL, of the model's weights (dw: views of a block shaped like
+ * Model.params). The model itself stays frozen. */
+int backward(const Model *m, RunState *s, const Document *doc, const int *tokens, int ntok,
+             const float *dlogits, Weights *dw);
 
 /* Prefill of the document: builds its KV cache in blocks of `block`. */
 int  doccache_build(DocCache *c, const Model *m, const int *tokens, int n, int block);
@@ -292,6 +318,11 @@ typedef struct {
     double rte;                   /* exp(mean over modules of mean log(||A_theta - A||^2 / ||q - A||^2)) */
     double *score_mse_layer, *target_mse_layer;  /* (L) */
 } EvalResult;
+
+/* Mean over ntok positions of KL(softmax(teacher) || softmax(student));
+ * if dlogits (ntok, V) is not NULL, its gradient with respect to the
+ * student's logits. */
+double kl_loss(const float *teacher_logits, const float *student_logits, int ntok, int V, float *dlogits);
 
 /* Runs the full-cache, Nectar and no-document models over each prompt of
  * `prompts` placed after the document (challenge_only: only those marked). */

@@ -553,6 +553,210 @@ static void test_tokenizer(void) {
     tokenizer_free(&t);
 }
 
+
+/* ------------------------------------------------------------------------ */
+/* Backward through the transformer                                         */
+
+/* Per-op checks: float backward against central differences of a double
+ * version of the same forward. */
+static void test_op_backward(void) {
+    printf("op backward vs finite differences (double)\n");
+    enum { N = 24 };
+    uint64_t rng = 123;
+    float x[N], w[N], dout[N], dx[N] = {0}, dw[N] = {0};
+    fill_normal(x, N, 1.0f, &rng);
+    fill_normal(w, N, 1.0f, &rng);
+    fill_normal(dout, N, 1.0f, &rng);
+    rmsnorm_backward(dx, dw, x, w, dout, N);
+    double fdx[N], fdw[N], h = 1e-6;
+    for (int which = 0; which < 2; which++)
+        for (int j = 0; j < N; j++) {
+            double L[2];
+            for (int sgn = 0; sgn < 2; sgn++) {
+                double xx[N], ww[N], ss = 0;
+                for (int i = 0; i < N; i++) { xx[i] = x[i]; ww[i] = w[i]; }
+                (which ? ww : xx)[j] += sgn ? -h : h;
+                for (int i = 0; i < N; i++) ss += xx[i] * xx[i];
+                double r = 1 / sqrt(ss / N + 1e-5);
+                L[sgn] = 0;
+                for (int i = 0; i < N; i++) L[sgn] += dout[i] * ww[i] * xx[i] * r;
+            }
+            (which ? fdw : fdx)[j] = (L[0] - L[1]) / (2 * h);
+        }
+    check_close("rmsnorm backward dx", dx, fdx, N, 1e-5, 1e-4);
+    check_close("rmsnorm backward dw", dw, fdw, N, 1e-5, 1e-4);
+
+    /* RoPE: the backward is the rotation by minus the angle */
+    float v[N], g[N], gr[N];
+    fill_normal(v, N, 1.0f, &rng);
+    fill_normal(g, N, 1.0f, &rng);
+    memcpy(gr, g, sizeof g);
+    rope(gr, N, 8, 37, -1.0f);
+    double fdr[N];
+    for (int j = 0; j < N; j++) {
+        double L[2];
+        for (int sgn = 0; sgn < 2; sgn++) {
+            double vv[N];
+            for (int i = 0; i < N; i++) vv[i] = v[i];
+            vv[j] += sgn ? -h : h;
+            L[sgn] = 0;
+            for (int i = 0; i < N; i += 2) {
+                double a = 37.0 / pow(10000.0, (i % 8) / 8.0);
+                L[sgn] += g[i] * (vv[i] * cos(a) - vv[i + 1] * sin(a)) + g[i + 1] * (vv[i] * sin(a) + vv[i + 1] * cos(a));
+            }
+        }
+        fdr[j] = (L[0] - L[1]) / (2 * h);
+    }
+    check_close("rope backward (rotation by -angle)", gr, fdr, N, 1e-5, 1e-4);
+
+    /* merge: A = (e^l1 A1 + e^l2 A2) / (e^l1 + e^l2) */
+    enum { D = 8 };
+    float A1[D], A2[D], dA[D], dA1[D], dA2[D], l1 = 0.7f, l2 = -0.4f, dl1, dl2;
+    fill_normal(A1, D, 1.0f, &rng);
+    fill_normal(A2, D, 1.0f, &rng);
+    fill_normal(dA, D, 1.0f, &rng);
+    merge_states_backward(D, A1, l1, A2, l2, dA, dA1, &dl1, dA2, &dl2);
+    float got[2 * D + 2];
+    double fd[2 * D + 2];
+    memcpy(got, dA1, sizeof dA1); memcpy(got + D, dA2, sizeof dA2); got[2 * D] = dl1; got[2 * D + 1] = dl2;
+    for (int j = 0; j < 2 * D + 2; j++) {
+        double L[2];
+        for (int sgn = 0; sgn < 2; sgn++) {
+            double a1[D], a2[D], la = l1, lb = l2, e = sgn ? -h : h;
+            for (int i = 0; i < D; i++) { a1[i] = A1[i]; a2[i] = A2[i]; }
+            if (j < D) a1[j] += e; else if (j < 2 * D) a2[j - D] += e; else if (j == 2 * D) la += e; else lb += e;
+            double w1 = exp(la), w2 = exp(lb);
+            L[sgn] = 0;
+            for (int i = 0; i < D; i++) L[sgn] += dA[i] * (w1 * a1[i] + w2 * a2[i]) / (w1 + w2);
+        }
+        fd[j] = (L[0] - L[1]) / (2 * h);
+    }
+    check_close("merge backward (dA1, dA2, dlse1, dlse2)", got, fd, 2 * D + 2, 1e-5, 1e-4);
+    float zero[D] = {0};
+    merge_states_backward(D, zero, -INFINITY, A2, l2, dA, dA1, &dl1, dA2, &dl2);
+    int finite = dl1 == 0 && dl2 == 0;
+    for (int i = 0; i < D; i++) finite &= dA1[i] == 0 && dA2[i] == dA[i];
+    check("merge backward with an empty document state", finite);
+}
+
+/* KL(teacher || Nectar student) of the prompt, in doubles: the loss the
+ * finite differences perturb. */
+static double student_kl(const Model *m, RunState *s, const Document *doc, const int *prompt, int n,
+                         const float *teacher, float *dlogits) {
+    forward(m, s, doc, prompt, n, 0, LOGITS_ALL);
+    return kl_loss(teacher, s->logits, n, m->config.vocab_size, dlogits);
+}
+
+static void test_kl_gradients(void) {
+    printf("KL distillation gradients through the frozen transformer\n");
+    Model m;
+    model_init_random(&m, small_gqa, 1, 42, 0.15f);
+    const Config *c = &m.config;
+    int L = c->n_layers, G = c->n_kv_heads, d = c->dim / c->n_heads, V = c->vocab_size;
+    enum { NDOC = 30, NP = 12 };
+    int doc_ids[NDOC], prompt[NP];
+    uint64_t rng = 77;
+    for (int i = 0; i < NDOC; i++) doc_ids[i] = 3 + rng_u32(&rng) % (V - 3);
+    for (int i = 0; i < NP; i++) prompt[i] = 3 + rng_u32(&rng) % (V - 3);
+    DocCache cache;
+    doccache_build(&cache, &m, doc_ids, NDOC, 8);
+    Document full = {DOC_EXACT, NDOC, &cache, NULL};
+    RunState ts;
+    runstate_alloc(&ts, &m, &full, NP, NP);
+    forward(&m, &ts, &full, prompt, NP, 0, LOGITS_ALL);
+    float *teacher = xmalloc((size_t)NP * V * sizeof(float)), *dlogits = xmalloc((size_t)NP * V * sizeof(float));
+    memcpy(teacher, ts.logits, (size_t)NP * V * sizeof(float));
+
+    /* oracle modules: KL is zero to float precision */
+    ModuleSet oracle;
+    int p[3] = {NDOC, NDOC, NDOC};
+    moduleset_alloc(&oracle, ARCH_QUAD, L, G, d, 0, 0, 0, p, 0);
+    quad_init_from_cache(&oracle, &cache);
+    oracle.n_doc = NDOC;
+    Document od = {DOC_NECTAR, NDOC, NULL, &oracle};
+    RunState os;
+    runstate_alloc(&os, &m, &od, NP, NP);
+    double kl0 = student_kl(&m, &os, &od, prompt, NP, teacher, NULL);
+    printf("    KL(teacher || oracle Nectar) = %.3g\n", kl0);
+    check("KL of the oracle module is 0 to float precision", fabs(kl0) < 1e-9);
+    runstate_free(&os);
+    moduleset_free(&oracle);
+
+    /* MLP modules with random (nonzero) outputs, and weight gradients too */
+    for (int arch = ARCH_MLP; arch <= ARCH_QUAD; arch++) {
+        ModuleSet ms;
+        int sizes[3] = {6, 6, 6};
+        moduleset_alloc(&ms, arch, L, G, d, 1, 1, 1, sizes, 1);
+        if (arch == ARCH_MLP) fill_normal(ms.params, ms.n_params, 0.3f, &rng);
+        else quad_init_from_cache(&ms, &cache);
+        ms.n_doc = NDOC;
+        Document nd = {DOC_NECTAR, NDOC, NULL, &ms};
+        RunState s;
+        runstate_alloc(&s, &m, &nd, NP, NP);
+        runstate_enable_backward(&s, &m);
+        float *dparams = xmalloc(m.n_params * sizeof(float));
+        Weights dw;
+        weights_view(c, m.shared_classifier, dparams, &dw);
+        memset(ms.grads, 0, ms.n_params * sizeof(float));
+        double kl = student_kl(&m, &s, &nd, prompt, NP, teacher, dlogits);
+        backward(&m, &s, &nd, prompt, NP, dlogits, &dw);
+        printf("    %s modules: KL %.4f\n", arch == ARCH_MLP ? "MLP" : "quadrature", kl);
+
+        /* central differences on a handful of parameters, each the largest
+         * gradient of its tensor: first- and last-layer modules, and weights */
+        struct { const char *name; float *param, *grad; size_t n; } groups[] = {
+            {"module (layer 0, KV head 0)", ms.modules[0].params, ms.modules[0].grads, ms.modules[0].n_params},
+            {"module (last layer, KV head 1)", ms.modules[L * G - 1].params, ms.modules[L * G - 1].grads, ms.modules[L * G - 1].n_params},
+            {"wq layer 0", m.w.wq, dw.wq, (size_t)c->dim * c->dim},
+            {"wk layer 0", m.w.wk, dw.wk, (size_t)c->dim * c->dim / 4},
+            {"wv layer 1", m.w.wv + (size_t)c->dim * c->dim / 4, dw.wv + (size_t)c->dim * c->dim / 4, (size_t)c->dim * c->dim / 4},
+            {"wo layer 2", m.w.wo + (size_t)2 * c->dim * c->dim, dw.wo + (size_t)2 * c->dim * c->dim, (size_t)c->dim * c->dim},
+            {"w1 layer 1", m.w.w1 + (size_t)c->dim * c->hidden_dim, dw.w1 + (size_t)c->dim * c->hidden_dim, (size_t)c->dim * c->hidden_dim},
+            {"w2 layer 0", m.w.w2, dw.w2, (size_t)c->dim * c->hidden_dim},
+            {"w3 layer 2", m.w.w3 + (size_t)2 * c->dim * c->hidden_dim, dw.w3 + (size_t)2 * c->dim * c->hidden_dim, (size_t)c->dim * c->hidden_dim},
+            {"rms_att", m.w.rms_att, dw.rms_att, (size_t)L * c->dim},
+            {"rms_ffn", m.w.rms_ffn, dw.rms_ffn, (size_t)L * c->dim},
+            {"rms_final", m.w.rms_final, dw.rms_final, (size_t)c->dim},
+            {"token_embedding (= classifier)", m.w.token_embedding, dw.token_embedding, (size_t)V * c->dim},
+        };
+        int n_groups = arch == ARCH_MLP ? (int)(sizeof(groups) / sizeof(groups[0])) : 2;
+        double worst = 0;
+        for (int gi = 0; gi < n_groups; gi++) {
+            size_t picked[3];
+            for (int pick = 0; pick < 3; pick++) {
+                /* the largest |gradient| entries not yet picked: float noise is small beside them */
+                size_t best = SIZE_MAX;
+                for (size_t i = 0; i < groups[gi].n; i++) {
+                    int taken = 0;
+                    for (int k = 0; k < pick; k++) taken |= picked[k] == i;
+                    if (!taken && (best == SIZE_MAX || fabsf(groups[gi].grad[i]) > fabsf(groups[gi].grad[best]))) best = i;
+                }
+                picked[pick] = best;
+                /* dKL/dtheta ~ (KL(theta + eps) - KL(theta - eps)) / 2 eps */
+                float *p = &groups[gi].param[best], keep = *p, eps = 1e-2f * fmaxf(fabsf(keep), 0.1f);
+                *p = keep + eps;
+                double up = student_kl(&m, &s, &nd, prompt, NP, teacher, NULL);
+                *p = keep - eps;
+                double down = student_kl(&m, &s, &nd, prompt, NP, teacher, NULL);
+                *p = keep;
+                double fd = (up - down) / (2.0 * eps), rel = fabs(fd - groups[gi].grad[best]) / fmax(fabs(fd), 1e-12);
+                worst = fmax(worst, rel);
+                printf("    %-32s grad %+.5e  fd %+.5e  rel %.1e\n", groups[gi].name, groups[gi].grad[best], fd, rel);
+            }
+        }
+        char what[96];
+        snprintf(what, sizeof what, "%s: KL gradients vs central differences (rel < 5e-3)", arch == ARCH_MLP ? "MLP" : "quadrature");
+        check(what, worst < 5e-3);
+        free(dparams);
+        runstate_free(&s);
+        moduleset_free(&ms);
+    }
+    free(teacher); free(dlogits);
+    runstate_free(&ts);
+    doccache_free(&cache);
+    model_free(&m);
+}
+
 int main(void) {
     test_attention_and_merge();
     test_module(ARCH_MLP, 1, 1, 2, 9);
@@ -567,6 +771,8 @@ int main(void) {
     test_reference_fixture("ref_mha_unshared");
     test_module_file();
     test_tokenizer();
+    test_op_backward();
+    test_kl_gradients();
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;
 }
