@@ -22,8 +22,8 @@ typedef struct {
     const char *model_path, *tok_path, *doc_text_path, *doc_ids_path, *out_path;
     const char *prompts_text_path, *prompts_ids_path, *checkpoint_path, *resume_path;
     ModuleArch arch;
-    float rho, lr, weight_decay, warmup_fraction, lambda_alpha, lambda_A;
-    int steps, batch, n_prompts, prompt_len, checkpoint_every, stop_after, json;
+    float rho, lr, weight_decay, warmup_fraction, lambda_alpha, lambda_A, lambda_kl;
+    int steps, batch, kl_prompts, n_prompts, prompt_len, checkpoint_every, stop_after, json;
     int depth_backbone, depth_score, depth_target;
     char groups[256];
     unsigned long long seed;
@@ -45,6 +45,9 @@ static void usage(FILE *f) {
         "  --warmup F        warmup fraction of the steps (default 0.05)\n"
         "  --lambda-alpha X  score loss weight (default 0.1 mlp, 0 quad)\n"
         "  --lambda-A X      target loss weight (default 1)\n"
+        "  --lambda-kl X     KL distillation weight (default 0)\n"
+        "  --loss PRESET     regression (default) | mixed (regression + 0.01 KL) | kl (pure KL)\n"
+        "  --kl-prompts N    training prompts per step for the KL term (default 2)\n"
         "  --n-prompts N     self-study prompts to make (default 200)\n"
         "  --prompt-len N    prompt length cap in tokens (default 48)\n"
         "  --prompts FILE    extra prompts, one per line (text, needs -z)\n"
@@ -59,8 +62,9 @@ static void usage(FILE *f) {
 
 static int parse_options(int argc, char **argv, Options *o) {
     *o = (Options){.arch = ARCH_MLP, .rho = 0.1f, .lr = 3e-3f, .warmup_fraction = 0.05f,
-                   .lambda_alpha = -1, .lambda_A = 1, .steps = 1500, .batch = 64, .n_prompts = 200,
+                   .lambda_alpha = -1, .lambda_A = -1, .lambda_kl = -1, .kl_prompts = 2, .steps = 1500, .batch = 64, .n_prompts = 200,
                    .prompt_len = 48, .depth_backbone = 1, .depth_score = 1, .depth_target = 1, .seed = 1234};
+    int preset = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
@@ -94,6 +98,14 @@ static int parse_options(int argc, char **argv, Options *o) {
         else if (!strcmp(a, "--warmup")) o->warmup_fraction = strtof(v, &end);
         else if (!strcmp(a, "--lambda-alpha")) o->lambda_alpha = strtof(v, &end);
         else if (!strcmp(a, "--lambda-A")) o->lambda_A = strtof(v, &end);
+        else if (!strcmp(a, "--lambda-kl")) o->lambda_kl = strtof(v, &end);
+        else if (!strcmp(a, "--kl-prompts")) o->kl_prompts = (int)strtol(v, &end, 10);
+        else if (!strcmp(a, "--loss")) {
+            if (!strcmp(v, "regression")) preset = 0;
+            else if (!strcmp(v, "mixed")) preset = 1;
+            else if (!strcmp(v, "kl")) preset = 2;
+            else { fprintf(stderr, "error: --loss must be regression, mixed or kl, not '%s'\n", v); return -1; }
+        }
         else if (!strcmp(a, "--steps")) o->steps = (int)strtol(v, &end, 10);
         else if (!strcmp(a, "--batch")) o->batch = (int)strtol(v, &end, 10);
         else if (!strcmp(a, "--n-prompts")) o->n_prompts = (int)strtol(v, &end, 10);
@@ -107,7 +119,12 @@ static int parse_options(int argc, char **argv, Options *o) {
             return -1;
         }
     }
-    if (o->lambda_alpha < 0) o->lambda_alpha = o->arch == ARCH_MLP ? 0.1f : 0.0f;
+    /* loss presets (GUIDE): regression MLP (0.1, 1, 0), quadrature (0, 1, 0);
+     * mixed adds 0.01 KL; pure KL (0, 0, 1). Explicit weights win. */
+    float preset_alpha = preset == 2 ? 0.0f : o->arch == ARCH_MLP ? 0.1f : 0.0f;
+    if (o->lambda_alpha < 0) o->lambda_alpha = preset_alpha;
+    if (o->lambda_A < 0) o->lambda_A = preset == 2 ? 0.0f : 1.0f;
+    if (o->lambda_kl < 0) o->lambda_kl = preset == 0 ? 0.0f : preset == 1 ? 0.01f : 1.0f;
     const char *why = NULL;
     if (!o->model_path) why = "a model is required (-m)";
     else if (!o->out_path) why = "an output file is required (-o OUT.nectar)";
@@ -115,7 +132,9 @@ static int parse_options(int argc, char **argv, Options *o) {
     else if (!(o->rho > 0 && o->rho <= 100)) why = "--rho must be in (0, 100]";
     else if (o->steps < 0 || o->batch < 1 || o->n_prompts < 0 || o->prompt_len < 2) why = "need --steps >= 0 (0: evaluate the initial modules), --batch >= 1, --n-prompts >= 0, --prompt-len >= 2";
     else if (!(o->lr > 0) || o->weight_decay < 0 || o->warmup_fraction < 0 || o->warmup_fraction >= 1) why = "need --lr > 0, --wd >= 0 and --warmup in [0, 1)";
-    else if (o->lambda_alpha < 0 || o->lambda_A < 0 || o->lambda_alpha + o->lambda_A == 0) why = "the loss weights must be >= 0 and not both 0";
+    else if (o->lambda_alpha < 0 || o->lambda_A < 0 || o->lambda_kl < 0 || o->lambda_alpha + o->lambda_A + o->lambda_kl == 0)
+        why = "the loss weights must be >= 0 and not all 0";
+    else if (o->kl_prompts < 1) why = "--kl-prompts must be >= 1";
     if (why) { fprintf(stderr, "error: %s\n", why); return -1; }
     if (o->checkpoint_every <= 0) o->checkpoint_every = o->steps / 4 > 0 ? o->steps / 4 : 1;
     return 0;
@@ -236,30 +255,41 @@ static int read_user_prompts(const char *path, const Tokenizer *tok, const Model
  * P positions, each with H query heads. */
 typedef struct {
     long P;
-    float *q;     /* (L, P, D) rotated queries */
-    float *A;     /* (L, P, D) exact document state A(q) */
-    float *alpha; /* (L, P, H) exact log attention mass alpha(q) */
+    float *q;      /* (L, P, D) rotated queries */
+    float *A;      /* (L, P, D) exact document state A(q) */
+    float *alpha;  /* (L, P, H) exact log attention mass alpha(q) */
+    float *logits; /* (P, V) the teacher's logits, for the KL term (or NULL) */
+    int n_train;   /* training prompts */
+    int *prompt;   /* (n_train) their index in the prompt set */
+    long *start;   /* (n_train) the position of their first token in P */
 } TeacherData;
 
 /* Runs the full-cache model over every prompt: train prompts (is_train[i])
  * are recorded into `td`; every prompt gets an embedding (D), the mean of its
  * final normalised hidden states. */
 static void teacher_pass(const Model *m, const Document *doc, const PromptSet *p, const unsigned char *is_train,
-                         TeacherData *td, float *embed) {
+                         int keep_logits, TeacherData *td, float *embed) {
     const Config *c = &m->config;
     int L = c->n_layers, D = c->dim, H = c->n_heads, max_len = 1;
     td->P = 0;
+    td->n_train = 0;
+    td->prompt = xmalloc(p->n_prompts * sizeof(int));
+    td->start = xmalloc(p->n_prompts * sizeof(long));
     for (int i = 0; i < p->n_prompts; i++) {
         int len = p->offsets[i + 1] - p->offsets[i];
         max_len = len > max_len ? len : max_len;
-        if (is_train[i]) td->P += len;
+        if (!is_train[i]) continue;
+        td->prompt[td->n_train] = i;
+        td->start[td->n_train++] = td->P;
+        td->P += len;
     }
-    size_t bytes = (size_t)L * td->P * (2 * D + H) * sizeof(float);
+    size_t bytes = (size_t)td->P * ((size_t)L * (2 * D + H) + (keep_logits ? c->vocab_size : 0)) * sizeof(float);
     fprintf(stderr, "teacher pass: %d prompts, %ld training positions, %.1f MB of targets\n",
             p->n_prompts, td->P, bytes / 1e6);
     td->q = xmalloc((size_t)L * td->P * D * sizeof(float));
     td->A = xmalloc((size_t)L * td->P * D * sizeof(float));
     td->alpha = xmalloc((size_t)L * td->P * H * sizeof(float));
+    td->logits = keep_logits ? xmalloc((size_t)td->P * c->vocab_size * sizeof(float)) : NULL;
     RunState s;
     runstate_alloc(&s, m, doc, max_len, max_len);
     runstate_enable_taps(&s, m);
@@ -279,6 +309,8 @@ static void teacher_pass(const Model *m, const Document *doc, const PromptSet *p
                 memcpy(td->A + ((size_t)l * td->P + at) * D, s.tap_doc_A + (size_t)l * max_len * D, (size_t)len * D * sizeof(float));
                 memcpy(td->alpha + ((size_t)l * td->P + at) * H, s.tap_doc_lse + (size_t)l * max_len * H, (size_t)len * H * sizeof(float));
             }
+            if (td->logits)
+                memcpy(td->logits + (size_t)at * c->vocab_size, s.logits, (size_t)len * c->vocab_size * sizeof(float));
             at += len;
         }
         if (i % 20 == 19 || i + 1 == p->n_prompts) {
@@ -500,7 +532,7 @@ int main(int argc, char **argv) {
     /* 2. teacher pass, challenge split */
     TeacherData td;
     float *embed = xmalloc((size_t)all->n_prompts * D * sizeof(float));
-    teacher_pass(&model, &doc, all, is_train, &td, embed);
+    teacher_pass(&model, &doc, all, is_train, o.lambda_kl > 0, &td, embed);
     mark_challenge(all, is_train, embed, D);
 
     /* 3. modules within the budget: rho * 2 n d parameters per (layer, KV head) */
@@ -560,8 +592,8 @@ int main(int argc, char **argv) {
 
     /* 4. fitting */
     uint64_t run_hash = fnv1a(FNV_OFFSET, &o.arch, sizeof o.arch);
-    float floats[] = {o.rho, o.lr, o.weight_decay, o.warmup_fraction, o.lambda_alpha, o.lambda_A};
-    int ints[] = {o.steps, o.batch, o.n_prompts, o.prompt_len, o.depth_backbone, o.depth_score, o.depth_target};
+    float floats[] = {o.rho, o.lr, o.weight_decay, o.warmup_fraction, o.lambda_alpha, o.lambda_A, o.lambda_kl};
+    int ints[] = {o.steps, o.batch, o.kl_prompts, o.n_prompts, o.prompt_len, o.depth_backbone, o.depth_score, o.depth_target};
     run_hash = fnv1a(run_hash, floats, sizeof floats);
     run_hash = fnv1a(run_hash, ints, sizeof ints);
     run_hash = fnv1a(run_hash, &o.seed, sizeof o.seed);
@@ -582,6 +614,18 @@ int main(int argc, char **argv) {
     float *q = xmalloc((size_t)N * d * sizeof(float)), *a = xmalloc(N * sizeof(float));
     float *A = xmalloc((size_t)N * d * sizeof(float)), *da = xmalloc(N * sizeof(float));
     float *dA = xmalloc((size_t)N * d * sizeof(float));
+    /* the student for the KL term: the Nectar model, teacher-forced on a prompt */
+    Document student_doc = {DOC_NECTAR, n_doc, NULL, &ms};
+    RunState student;
+    int max_len = 1;
+    for (int i = 0; i < all->n_prompts; i++)
+        if (all->offsets[i + 1] - all->offsets[i] > max_len) max_len = all->offsets[i + 1] - all->offsets[i];
+    float *dlogits = NULL;
+    if (o.lambda_kl > 0) {
+        runstate_alloc(&student, &model, &student_doc, max_len, max_len);
+        runstate_enable_backward(&student, &model);
+        dlogits = xmalloc((size_t)max_len * c->vocab_size * sizeof(float));
+    }
     double t_fit = now_seconds(), last_print = 0, loss = 0;
     int last_step = o.stop_after > 0 && o.stop_after < o.steps ? o.stop_after : o.steps;
     int first_step = adam.step;
@@ -591,7 +635,7 @@ int main(int argc, char **argv) {
         for (int b = 0; b < B; b++) batch_pos[b] = (long)(rng_u32(&batch_rng) % (uint32_t)td.P);
         memset(ms.grads, 0, ms.n_params * sizeof(float));
         loss = 0;
-        for (int l = 0; l < L; l++)
+        for (int l = 0; o.lambda_alpha + o.lambda_A > 0 && l < L; l++)
             for (int g = 0; g < G; g++) {
                 Module *mod = &ms.modules[l * G + g];
                 for (int b = 0; b < B; b++)
@@ -614,6 +658,19 @@ int main(int argc, char **argv) {
                     }
                 module_backward(&ms, mod, &work, q, N, a, A, da, dA, NULL);
             }
+        /* + lambda_kl mean KL(teacher || Nectar) over the positions of kl_prompts prompts */
+        for (int k = 0; o.lambda_kl > 0 && k < o.kl_prompts; k++) {
+            int which = rng_u32(&batch_rng) % td.n_train, i = td.prompt[which];
+            int len = all->offsets[i + 1] - all->offsets[i];
+            const int *tokens = all->tokens + all->offsets[i];
+            forward(&model, &student, &student_doc, tokens, len, 0, LOGITS_ALL);
+            double kl = kl_loss(td.logits + (size_t)td.start[which] * c->vocab_size, student.logits, len,
+                                c->vocab_size, dlogits);
+            loss += o.lambda_kl * kl / o.kl_prompts;
+            float scale = o.lambda_kl / o.kl_prompts;
+            for (size_t j = 0; j < (size_t)len * c->vocab_size; j++) dlogits[j] *= scale;
+            backward(&model, &student, &student_doc, tokens, len, dlogits, NULL);
+        }
         /* global gradient norm clipping at 1.0 */
         double norm = 0;
         for (size_t i = 0; i < ms.n_params; i++) norm += (double)ms.grads[i] * ms.grads[i];
@@ -626,7 +683,7 @@ int main(int argc, char **argv) {
             last_print = now;
             int done = step + 1 - first_step;
             fprintf(stderr, "\rstep %d/%d  loss %.5f  lr %.2e  |g| %.3f  %.1fs  ETA %.0fs   ", step + 1, o.steps,
-                    loss / (L * G), lr, norm, now, now / done * (last_step - step - 1));
+                    loss, lr, norm, now, now / done * (last_step - step - 1));
         }
         if (o.checkpoint_path && ((step + 1) % o.checkpoint_every == 0 || step + 1 == last_step))
             if (save_checkpoint(o.checkpoint_path, &ms, &adam, run_hash) != 0) return 1;
@@ -668,7 +725,9 @@ int main(int argc, char **argv) {
     evalresult_free(&random_split); evalresult_free(&challenge_split);
     free(batch_pos); free(q); free(a); free(A); free(da); free(dA);
     free(adam.m); free(adam.v); free(mult); free(sizes); free(embed); free(is_train); free(order);
-    free(td.q); free(td.A); free(td.alpha);
+    free(td.q); free(td.A); free(td.alpha); free(td.logits); free(td.prompt); free(td.start);
+    if (o.lambda_kl > 0) runstate_free(&student);
+    free(dlogits);
     modulework_free(&work);
     moduleset_free(&ms);
     promptset_free(all);

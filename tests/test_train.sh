@@ -43,6 +43,12 @@ before=$(json "$tmp/init.json" random target_mse) after=$(json "$tmp/fit.json" r
 echo "    held-out target MSE: untrained $before, after 400 steps $after"
 is "$after < 0.5 * $before" && ok "fitting halves held-out target MSE at least" || fail "fitting lowers target MSE"
 
+# pure KL distillation lowers the held-out KL to the full-cache model
+train -o "$tmp/kl.nectar" --steps 200 --loss kl --json > "$tmp/kl.json" 2> "$tmp/log" || cat "$tmp/log"
+before=$(json "$tmp/init.json" random kl) after=$(json "$tmp/kl.json" random kl)
+echo "    held-out KL(full || Nectar): untrained $before, after 200 pure-KL steps $after"
+is "$after < 0.8 * $before" && ok "pure KL training lowers the held-out KL" || fail "pure KL training lowers the held-out KL"
+
 # the same seed gives the same module bytes
 train -o "$tmp/again.nectar" --steps 400 --json > /dev/null 2>&1
 cmp -s "$tmp/fit.nectar" "$tmp/again.nectar" && ok "same seed, same module bytes" || fail "same seed, same module bytes"
