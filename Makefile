@@ -14,10 +14,30 @@ NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/de
 
 SAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-PROGRAMS := infer train
-TESTS    := tests/test_core tests/random_model
+PROGRAMS := infer train pretrain
+TESTS    := tests/test_core tests/test_corpus tests/random_model
 
-.PHONY: all test test-unit test-bad-input test-train test-asan clean check-blas info
+.PHONY: all test test-unit test-bad-input test-train test-asan clean check-blas info demo model
+
+# The main job: fit Nectar modules (MLP, rho 10%) to the default document for
+# the default model in data/, print the metrics on held-out prompts, then the
+# exact, Nectar and no-document generations for the first default prompts.
+DEMO_DIR := out
+demo: infer train
+	@mkdir -p $(DEMO_DIR)
+	./train -m data/model.bin -z data/tokenizer.bin -d data/doc.txt --prompts data/prompts.txt \
+	    --arch mlp --rho 0.1 -o $(DEMO_DIR)/demo.nectar
+	@echo; echo "document (data/doc.txt):"; cat data/doc.txt; echo
+	@head -n 3 data/prompts.txt | while IFS= read -r prompt; do \
+	    echo; echo "=== prompt: $$prompt"; \
+	    ./infer -m data/model.bin -z data/tokenizer.bin -d data/doc.txt -k $(DEMO_DIR)/demo.nectar \
+	        -i "$$(printf '%b' "$$prompt")" --compare -n 40 -t 0 || exit 1; \
+	done
+
+# Regenerates data/ (model, tokenizer, document, prompts) from the seed,
+# bit for bit; about half an hour on two cores.
+model: pretrain
+	./pretrain -o data
 
 all: $(PROGRAMS)
 
@@ -29,6 +49,12 @@ infer: infer.c nectar.c nectar.h | check-blas
 
 train: train.c nectar.c nectar.h | check-blas
 	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ train.c nectar.c $(BLAS_LIBS) $(LDLIBS)
+
+pretrain: pretrain.c corpus.c corpus.h nectar.c nectar.h | check-blas
+	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -pthread -o $@ pretrain.c corpus.c nectar.c $(BLAS_LIBS) $(LDLIBS)
+
+tests/test_corpus: tests/test_corpus.c corpus.c corpus.h nectar.c nectar.h | check-blas
+	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ tests/test_corpus.c corpus.c nectar.c $(BLAS_LIBS) $(LDLIBS)
 
 tests/test_core: tests/test_core.c nectar.c nectar.h | check-blas
 	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ tests/test_core.c $(BLAS_LIBS) $(LDLIBS)
@@ -54,6 +80,7 @@ test: test-unit test-bad-input test-train test-asan
 
 test-unit: $(TESTS)
 	./tests/test_core
+	./tests/test_corpus > /dev/null
 
 test-train: $(PROGRAMS) tests/random_model
 	bash tests/test_train.sh
@@ -71,4 +98,4 @@ info:
 	@echo "nvcc:     $(if $(NVCC),$(NVCC),not found (CUDA parts skipped))"
 
 clean:
-	rm -rf $(PROGRAMS) $(TESTS) build-asan tests/tmp_*
+	rm -rf $(PROGRAMS) $(TESTS) build-asan tests/tmp_* $(DEMO_DIR)

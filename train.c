@@ -23,7 +23,7 @@ typedef struct {
     const char *prompts_text_path, *prompts_ids_path, *checkpoint_path, *resume_path;
     ModuleArch arch;
     float rho, lr, weight_decay, warmup_fraction, lambda_alpha, lambda_A, lambda_kl;
-    int steps, batch, kl_prompts, n_prompts, prompt_len, checkpoint_every, stop_after, json;
+    int steps, batch, kl_prompts, n_prompts, prompt_len, answer_len, checkpoint_every, stop_after, json;
     int depth_backbone, depth_score, depth_target;
     char groups[256];
     unsigned long long seed;
@@ -50,8 +50,9 @@ static void usage(FILE *f) {
         "  --kl-prompts N    training prompts per step for the KL term (default 2)\n"
         "  --n-prompts N     self-study prompts to make (default 200)\n"
         "  --prompt-len N    prompt length cap in tokens (default 48)\n"
-        "  --prompts FILE    extra prompts, one per line (text, needs -z)\n"
+        "  --prompts FILE    extra prompts, one per line (text, needs -z; \\n is a newline)\n"
         "  --prompt-ids FILE extra prompts, one per line (token ids)\n"
+        "  --answer-len N    tokens the full-cache model adds after each extra prompt (default 16)\n"
         "  --checkpoint P    write a checkpoint to P every --checkpoint-every steps (default steps/4)\n"
         "  --resume P        continue from checkpoint P (same data and options)\n"
         "  --stop-after N    stop after step N (with a checkpoint), as if interrupted\n"
@@ -62,7 +63,7 @@ static void usage(FILE *f) {
 
 static int parse_options(int argc, char **argv, Options *o) {
     *o = (Options){.arch = ARCH_MLP, .rho = 0.1f, .lr = 3e-3f, .warmup_fraction = 0.05f,
-                   .lambda_alpha = -1, .lambda_A = -1, .lambda_kl = -1, .kl_prompts = 2, .steps = 1500, .batch = 64, .n_prompts = 200,
+                   .lambda_alpha = -1, .lambda_A = -1, .lambda_kl = -1, .kl_prompts = 2, .answer_len = 16, .steps = 1500, .batch = 64, .n_prompts = 200,
                    .prompt_len = 48, .depth_backbone = 1, .depth_score = 1, .depth_target = 1, .seed = 1234};
     int preset = 0;
     for (int i = 1; i < argc; i++) {
@@ -110,6 +111,7 @@ static int parse_options(int argc, char **argv, Options *o) {
         else if (!strcmp(a, "--batch")) o->batch = (int)strtol(v, &end, 10);
         else if (!strcmp(a, "--n-prompts")) o->n_prompts = (int)strtol(v, &end, 10);
         else if (!strcmp(a, "--prompt-len")) o->prompt_len = (int)strtol(v, &end, 10);
+        else if (!strcmp(a, "--answer-len")) o->answer_len = (int)strtol(v, &end, 10);
         else if (!strcmp(a, "--checkpoint-every")) o->checkpoint_every = (int)strtol(v, &end, 10);
         else if (!strcmp(a, "--stop-after")) o->stop_after = (int)strtol(v, &end, 10);
         else if (!strcmp(a, "-s")) o->seed = strtoull(v, &end, 10);
@@ -130,7 +132,7 @@ static int parse_options(int argc, char **argv, Options *o) {
     else if (!o->out_path) why = "an output file is required (-o OUT.nectar)";
     else if (!o->doc_text_path == !o->doc_ids_path) why = "give the document as -d DOC.txt or -D DOC.ids (one of them)";
     else if (!(o->rho > 0 && o->rho <= 100)) why = "--rho must be in (0, 100]";
-    else if (o->steps < 0 || o->batch < 1 || o->n_prompts < 0 || o->prompt_len < 2) why = "need --steps >= 0 (0: evaluate the initial modules), --batch >= 1, --n-prompts >= 0, --prompt-len >= 2";
+    else if (o->steps < 0 || o->batch < 1 || o->n_prompts < 0 || o->prompt_len < 2 || o->answer_len < 0) why = "need --steps >= 0 (0: evaluate the initial modules), --batch >= 1, --n-prompts >= 0, --prompt-len >= 2, --answer-len >= 0";
     else if (!(o->lr > 0) || o->weight_decay < 0 || o->warmup_fraction < 0 || o->warmup_fraction >= 1) why = "need --lr > 0, --wd >= 0 and --warmup in [0, 1)";
     else if (o->lambda_alpha < 0 || o->lambda_A < 0 || o->lambda_kl < 0 || o->lambda_alpha + o->lambda_A + o->lambda_kl == 0)
         why = "the loss weights must be >= 0 and not all 0";
@@ -214,11 +216,15 @@ static void make_prompts(const Options *o, const Model *m, const Document *doc, 
     free(buf);
 }
 
-/* Reads user prompts, one per line: text (needs a tokenizer) or token ids. */
-static int read_user_prompts(const char *path, const Tokenizer *tok, const Model *m, int cap, PromptBuilder *b) {
+/* Reads user prompts, one per line: text (needs a tokenizer) or token ids.
+ * Each is followed by up to answer_len tokens that the full-cache model
+ * samples after it (its own answer), within the length cap. */
+static int read_user_prompts(const char *path, const Tokenizer *tok, const Model *m, const Document *doc, int cap,
+                             int answer_len, Sampler *sampler, PromptBuilder *b) {
     char *text = read_text_file(path);
     if (!text) return -1;
-    int *ids = xmalloc((strlen(text) + 3) * sizeof(int)), line_no = 0, count = 0;
+    size_t room = strlen(text) + 3 + (size_t)cap;
+    int *ids = xmalloc(room * sizeof(int)), line_no = 0, count = 0;
     for (char *line = text, *next; line && *line; line = next) {
         next = strchr(line, '\n');
         if (next) *next++ = 0;
@@ -226,6 +232,13 @@ static int read_user_prompts(const char *path, const Tokenizer *tok, const Model
         if (!*line) continue;
         int n = 0;
         if (tok) {
+            /* a backslash-n in a line stands for a newline, two backslashes for one */
+            char *out = line;
+            for (char *in = line; *in; in++) {
+                if (in[0] == '\\' && (in[1] == 'n' || in[1] == '\\')) { *out++ = in[1] == 'n' ? '\n' : '\\'; in++; }
+                else *out++ = *in;
+            }
+            *out = 0;
             n = tokenizer_encode(tok, line, 0, 0, ids, (int)strlen(line) + 3);
         } else {
             for (char *p = line, *end;; p = end) {
@@ -240,11 +253,14 @@ static int read_user_prompts(const char *path, const Tokenizer *tok, const Model
         }
         if (n < 0 || check_tokens(m, ids, n, path) != 0) { free(ids); free(text); return -1; }
         if (n > cap) n = cap;
-        if (n >= 2) { add_prompt(b, ids, n); count++; }
+        int answer = cap - n < answer_len ? cap - n : answer_len;
+        if (answer > 0 && n > 0) continue_span(m, doc, ids, n, answer, sampler, ids + n);
+        if (n + answer >= 2) { add_prompt(b, ids, n + answer); count++; }
     }
     free(ids);
     free(text);
-    fprintf(stderr, "read %d prompts from %s\n", count, path);
+    fprintf(stderr, "read %d prompts from %s, each followed by up to %d tokens of the model's own answer\n",
+            count, path, answer_len);
     return 0;
 }
 
@@ -511,8 +527,13 @@ int main(int argc, char **argv) {
     /* 1. prompts and the split */
     PromptBuilder builder = {0};
     make_prompts(&o, &model, &doc, doc_ids, n_doc, &builder);
-    if (o.prompts_text_path && read_user_prompts(o.prompts_text_path, tokp, &model, prompt_cap, &builder) != 0) return 1;
-    if (o.prompts_ids_path && read_user_prompts(o.prompts_ids_path, NULL, &model, prompt_cap, &builder) != 0) return 1;
+    Sampler answer_sampler;
+    sampler_init(&answer_sampler, c->vocab_size, 0.8f, 0.95f, o.seed + 2);
+    if (o.prompts_text_path && read_user_prompts(o.prompts_text_path, tokp, &model, &doc, prompt_cap, o.answer_len,
+                                                 &answer_sampler, &builder) != 0) return 1;
+    if (o.prompts_ids_path && read_user_prompts(o.prompts_ids_path, NULL, &model, &doc, prompt_cap, o.answer_len,
+                                                &answer_sampler, &builder) != 0) return 1;
+    sampler_free(&answer_sampler);
     PromptSet *all = &builder.set;
     if (all->n_prompts < 5) {
         fprintf(stderr, "error: %d prompts are too few for a train/held-out split (need 5)\n", all->n_prompts);
@@ -593,7 +614,7 @@ int main(int argc, char **argv) {
     /* 4. fitting */
     uint64_t run_hash = fnv1a(FNV_OFFSET, &o.arch, sizeof o.arch);
     float floats[] = {o.rho, o.lr, o.weight_decay, o.warmup_fraction, o.lambda_alpha, o.lambda_A, o.lambda_kl};
-    int ints[] = {o.steps, o.batch, o.kl_prompts, o.n_prompts, o.prompt_len, o.depth_backbone, o.depth_score, o.depth_target};
+    int ints[] = {o.steps, o.batch, o.kl_prompts, o.n_prompts, o.prompt_len, o.answer_len, o.depth_backbone, o.depth_score, o.depth_target};
     run_hash = fnv1a(run_hash, floats, sizeof floats);
     run_hash = fnv1a(run_hash, ints, sizeof ints);
     run_hash = fnv1a(run_hash, &o.seed, sizeof o.seed);

@@ -1,0 +1,388 @@
+/* pretrain.c - the project's own default model: a byte-level llama-style
+ * transformer (GQA, RoPE, SwiGLU) trained from scratch on the synthetic
+ * corpus of corpus.c, with the forward and backward of nectar.c and AdamW.
+ *
+ *   ./pretrain -o data            writes data/model.bin, data/tokenizer.bin,
+ *                                 data/doc.txt and data/prompts.txt
+ *   ./pretrain --eval data        how well the model reads its document
+ *
+ * Everything is a function of the seed: the same command writes the same
+ * bytes (two worker threads, each with single-threaded BLAS, whose
+ * gradients are summed in a fixed order).
+ */
+#include "corpus.h"
+#include "nectar.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* the default model's shape: 4 layers, 4 query heads sharing 2 KV heads of size 32 */
+static const Config DEFAULT_CONFIG = {128, 384, 4, 4, 2, 259, 320};
+enum { N_WORKERS = 2 };
+
+typedef struct {
+    const char *out_dir, *eval_dir;
+    int steps, batch, threads, eval_docs;
+    float lr, p_copy_start, p_copy_end, weight_decay;
+    unsigned long long seed;
+} Options;
+
+static void usage(FILE *f) {
+    fprintf(f,
+        "usage: pretrain -o DIR [options]     train the default model into DIR\n"
+        "       pretrain --eval DIR [options] measure how it reads its document\n"
+        "  -o DIR          write model.bin, tokenizer.bin, doc.txt, prompts.txt there\n"
+        "  --eval DIR      evaluate DIR/model.bin on held-out documents\n"
+        "  --steps N       optimisation steps (default 6000)\n"
+        "  --batch N       samples per step (default 16)\n"
+        "  --lr LR         peak learning rate (default 2e-3)\n"
+        "  --docs N        held-out documents for --eval (default 200)\n"
+        "  -s SEED         seed (default 1)\n"
+        "  --help          this text\n");
+}
+
+/* ------------------------------------------------------------------------ */
+/* One step: workers run forward and backward on their share of the batch   */
+
+typedef struct {
+    const Model *model;
+    const Options *o;
+    RunState state;
+    float *dparams;   /* (n_params) this worker's gradient */
+    float *dlogits;   /* (T, V) */
+    char *text;       /* (T) */
+    float *weight;    /* (T) */
+    int *tokens;      /* (T) */
+    float *token_weight; /* (T) loss weight of the prediction at each position */
+    int step, first, count;  /* samples [first, first + count) of the step */
+    float p_copy;
+    double loss, weight_sum; /* sum of w_i * CE_i and of w_i */
+    long tokens_done;
+} Worker;
+
+/* Tokens as the tokenizer gives them when the document (or nothing) and the
+ * text after it are encoded apart, llama2.c-style with a leading space each:
+ *   BOS, ' ', doc[0..doc_len), ' ', rest...        (doc_len 0: BOS, ' ', rest)
+ * Bytes are ids byte + 3. weight (the loss weight of predicting each byte)
+ * follows the bytes; the inserted spaces get CORPUS_PROMPT_WEIGHT. Token t + 1
+ * is predicted at position t, with weight out_weight[t]. Returns the count. */
+static int to_tokens(const char *doc, int doc_len, const char *rest, int rest_len, const float *doc_weight,
+                     const float *rest_weight, int *tokens, float *out_weight) {
+    int n = 0;
+    tokens[n++] = 1;
+    tokens[n] = ' ' + 3; out_weight[n++ - 1] = CORPUS_PROMPT_WEIGHT;
+    for (int i = 0; i < doc_len; i++) { tokens[n] = (unsigned char)doc[i] + 3; out_weight[n++ - 1] = doc_weight ? doc_weight[i] : 0; }
+    if (doc_len > 0) { tokens[n] = ' ' + 3; out_weight[n++ - 1] = CORPUS_PROMPT_WEIGHT; }
+    for (int i = 0; i < rest_len; i++) { tokens[n] = (unsigned char)rest[i] + 3; out_weight[n++ - 1] = rest_weight ? rest_weight[i] : 0; }
+    return n;
+}
+
+/* the rng of sample i of a step depends only on (seed, step, i) */
+static uint64_t sample_rng(unsigned long long seed, int step, int i) {
+    uint64_t key[3] = {seed, (uint64_t)step, (uint64_t)i};
+    return fnv1a(FNV_OFFSET, key, sizeof key) | 1;
+}
+
+static void *worker_run(void *arg) {
+    Worker *w = arg;
+    const Model *m = w->model;
+    int V = m->config.vocab_size, T = m->config.seq_len;
+    Document none = {DOC_EXACT, 0, NULL, NULL};
+    Weights dw;
+    weights_view(&m->config, m->shared_classifier, w->dparams, &dw);
+    memset(w->dparams, 0, m->n_params * sizeof(float));
+    w->loss = w->weight_sum = 0;
+    w->tokens_done = 0;
+    for (int i = w->first; i < w->first + w->count; i++) {
+        uint64_t rng = sample_rng(w->o->seed, w->step, i);
+        CorpusSample cs = corpus_sample(&rng, w->p_copy, w->text, w->weight, T - 2);
+        int n = to_tokens(w->text, cs.doc_len, w->text + cs.doc_len, cs.len - cs.doc_len, w->weight,
+                          w->weight + cs.doc_len, w->tokens, w->token_weight) - 1;  /* the last token is only a target */
+        forward(m, &w->state, &none, w->tokens, n, 0, LOGITS_ALL);
+        w->tokens_done += n;
+        /* L = sum_t w_t CE_t / sum of all weights of the step (applied after);
+         * dL/dlogits_t = w_t (softmax(logits_t) - onehot(target_t)) */
+        for (int t = 0; t < n; t++) {
+            const float *z = w->state.logits + (size_t)t * V;
+            float *dz = w->dlogits + (size_t)t * V, wt = w->token_weight[t];
+            int target = w->tokens[t + 1];
+            float max = z[argmax(z, V)];
+            double sum = 0;
+            for (int j = 0; j < V; j++) sum += exp(z[j] - max);
+            double lse = max + log(sum);
+            w->loss += wt * (lse - z[target]);
+            w->weight_sum += wt;
+            for (int j = 0; j < V; j++) dz[j] = (float)(wt * exp(z[j] - lse));
+            dz[target] -= wt;
+        }
+        backward(m, &w->state, &none, w->tokens, n, w->dlogits, &dw);
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Training                                                                 */
+
+static void init_weights(Model *m, uint64_t seed) {
+    uint64_t rng = seed;
+    const Config *c = &m->config;
+    for (size_t i = 0; i < m->n_params; i++) m->params[i] = 0.02f * rng_normal(&rng);
+    /* the two projections that write into the residual stream start smaller */
+    float shrink = 1.0f / sqrtf(2.0f * c->n_layers);
+    for (size_t i = 0; i < (size_t)c->n_layers * c->dim * c->dim; i++) m->w.wo[i] *= shrink;
+    for (size_t i = 0; i < (size_t)c->n_layers * c->dim * c->hidden_dim; i++) m->w.w2[i] *= shrink;
+    for (size_t i = 0; i < (size_t)c->n_layers * c->dim; i++) m->w.rms_att[i] = m->w.rms_ffn[i] = 1.0f;
+    for (int i = 0; i < c->dim; i++) m->w.rms_final[i] = 1.0f;
+}
+
+/* byte-level llama2.c tokenizer: <unk>, BOS, EOS, then <0x00>..<0xFF> */
+static int write_tokenizer(const char *path) {
+    FILE *f = fopen(path, "wb");
+    if (!f) { fprintf(stderr, "error: cannot write %s\n", path); return -1; }
+    int max_len = 6;
+    fwrite(&max_len, sizeof(int), 1, f);
+    for (int id = 0; id < 259; id++) {
+        char piece[8];
+        if (id == 0) strcpy(piece, "<unk>");
+        else if (id == 1) strcpy(piece, "\n<s>\n");
+        else if (id == 2) strcpy(piece, "\n</s>\n");
+        else snprintf(piece, sizeof piece, "<0x%02X>", id - 3);
+        float score = 0.0f;
+        int len = (int)strlen(piece);
+        fwrite(&score, sizeof(float), 1, f);
+        fwrite(&len, sizeof(int), 1, f);
+        fwrite(piece, 1, len, f);
+    }
+    if (fclose(f) != 0) { fprintf(stderr, "error: writing %s failed\n", path); return -1; }
+    return 0;
+}
+
+/* held-out documents come from their own stream, never the training one */
+static uint64_t heldout_rng(unsigned long long seed, int i) { return sample_rng(seed ^ 0x5EED0F4E1DULL, -1, i); }
+
+/* The default document (the first held-out one) and default prompts: tasks
+ * about it of each kind, each cut just before its answer, without repeats,
+ * kinds interleaved so that the first three are a quote, a continuation and
+ * a question. A backslash-n in prompts.txt stands for a newline. */
+static int write_demo(const char *dir, const Options *o) {
+    enum { PER_KIND = 20, TRIES = 200 };
+    char path[1024], doc[512], task[256], seen[3 * PER_KIND][256];
+    int n_seen = 0, kept[3] = {0};
+    uint64_t rng = heldout_rng(o->seed, 0);
+    int n = corpus_document(&rng, doc, sizeof doc);
+    snprintf(path, sizeof path, "%s/doc.txt", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) { fprintf(stderr, "error: cannot write %s\n", path); return -1; }
+    fwrite(doc, 1, n, f);
+    fclose(f);
+    snprintf(path, sizeof path, "%s/prompts.txt", dir);
+    f = fopen(path, "w");
+    if (!f) { fprintf(stderr, "error: cannot write %s\n", path); return -1; }
+    for (int attempt = 0; attempt < TRIES; attempt++) {
+        int kind = attempt % 3, answer;
+        if (kept[kind] == PER_KIND || corpus_task(&rng, doc, n, kind, task, sizeof task, &answer) < 0) continue;
+        task[answer] = 0;
+        int repeat = 0;
+        for (int i = 0; i < n_seen; i++) repeat |= strcmp(seen[i], task) == 0;
+        if (repeat) continue;
+        strcpy(seen[n_seen++], task);
+        kept[kind]++;
+        fputs("\\n", f);  /* the prompt follows the document after a newline */
+        for (char *c = task; *c; c++) fputs(*c == '\n' ? "\\n" : (char[2]){*c, 0}, f);
+        fputc('\n', f);
+    }
+    fclose(f);
+    return 0;
+}
+
+static int pretrain(const Options *o) {
+    openblas_set_num_threads(1);  /* the workers are the parallelism */
+    Model m;
+    if (model_init_random(&m, DEFAULT_CONFIG, 1, 1, 0.0f) != 0) return -1;
+    init_weights(&m, o->seed * 2 + 1);
+    int T = m.config.seq_len, V = m.config.vocab_size;
+    fprintf(stderr, "pretraining %zu parameters: dim %d, hidden %d, %d layers, %d/%d heads, context %d\n",
+            m.n_params, m.config.dim, m.config.hidden_dim, m.config.n_layers, m.config.n_heads,
+            m.config.n_kv_heads, T);
+    Worker workers[N_WORKERS];
+    Document none = {DOC_EXACT, 0, NULL, NULL};
+    for (int k = 0; k < N_WORKERS; k++) {
+        Worker *w = &workers[k];
+        memset(w, 0, sizeof(*w));
+        w->model = &m; w->o = o;
+        runstate_alloc(&w->state, &m, &none, T, T);
+        runstate_enable_backward(&w->state, &m);
+        w->dparams = xmalloc(m.n_params * sizeof(float));
+        w->dlogits = xmalloc((size_t)T * V * sizeof(float));
+        w->text = xmalloc(T + 1);
+        w->weight = xmalloc(T * sizeof(float));
+        w->tokens = xmalloc(T * sizeof(int));
+        w->token_weight = xmalloc(T * sizeof(float));
+    }
+    float *adam_m = xmalloc(m.n_params * sizeof(float)), *adam_v = xmalloc(m.n_params * sizeof(float));
+    double t0 = now_seconds(), smooth = 0, tokens_seen = 0;
+    for (int step = 0; step < o->steps; step++) {
+        float progress = (float)step / o->steps;
+        /* copy curriculum: many "Repeat:" samples early, fewer later */
+        float p_copy = o->p_copy_start + (o->p_copy_end - o->p_copy_start) * progress;
+        pthread_t threads[N_WORKERS];
+        for (int k = 0; k < N_WORKERS; k++) {
+            Worker *w = &workers[k];
+            w->step = step; w->p_copy = p_copy;
+            w->first = k * o->batch / N_WORKERS;
+            w->count = (k + 1) * o->batch / N_WORKERS - w->first;
+            pthread_create(&threads[k], NULL, worker_run, w);
+        }
+        for (int k = 0; k < N_WORKERS; k++) pthread_join(threads[k], NULL);
+        /* sum in a fixed order, normalise by the step's total weight, clip at 1.0 */
+        double loss = 0, weight_sum = 0, norm = 0;
+        for (int k = 0; k < N_WORKERS; k++) { loss += workers[k].loss; weight_sum += workers[k].weight_sum; }
+        float *g = workers[0].dparams;
+        for (int k = 1; k < N_WORKERS; k++)
+            for (size_t i = 0; i < m.n_params; i++) g[i] += workers[k].dparams[i];
+        for (size_t i = 0; i < m.n_params; i++) { g[i] /= (float)weight_sum; norm += (double)g[i] * g[i]; }
+        norm = sqrt(norm);
+        float clip = norm > 1.0 ? (float)(1.0 / norm) : 1.0f;
+        /* lr: warmup over 2% of the steps, then cosine decay to a tenth */
+        int warmup = o->steps / 50 + 1;
+        float lr = step < warmup ? o->lr * (step + 1) / warmup
+                 : o->lr * (0.1f + 0.45f * (1.0f + cosf(3.14159265f * (step - warmup) / (o->steps - warmup))));
+        /* AdamW, as in train.c */
+        const float b1 = 0.9f, b2 = 0.95f, eps = 1e-8f;
+        float c1 = 1.0f - powf(b1, step + 1), c2 = 1.0f - powf(b2, step + 1);
+        for (size_t i = 0; i < m.n_params; i++) {
+            float gi = g[i] * clip;
+            adam_m[i] = b1 * adam_m[i] + (1 - b1) * gi;
+            adam_v[i] = b2 * adam_v[i] + (1 - b2) * gi * gi;
+            m.params[i] -= lr * ((adam_m[i] / c1) / (sqrtf(adam_v[i] / c2) + eps) + o->weight_decay * m.params[i]);
+        }
+        loss /= weight_sum;
+        smooth = step ? 0.98 * smooth + 0.02 * loss : loss;
+        for (int k = 0; k < N_WORKERS; k++) tokens_seen += workers[k].tokens_done;
+        double el = now_seconds() - t0;
+        if (step % 20 == 0 || step + 1 == o->steps)
+            fprintf(stderr, "\rstep %d/%d  loss %.4f  lr %.2e  |g| %.2f  copy %.2f  %.0f tok/s  %.0fs  ETA %.0fs   ",
+                    step + 1, o->steps, smooth, lr, norm, p_copy, tokens_seen / el, el,
+                    el / (step + 1) * (o->steps - step - 1));
+    }
+    fprintf(stderr, "\npretraining took %.1f minutes\n", (now_seconds() - t0) / 60);
+    model_refresh(&m);
+    mkdir(o->out_dir, 0755);
+    char path[1024];
+    snprintf(path, sizeof path, "%s/model.bin", o->out_dir);
+    int rc = model_save(&m, path);
+    snprintf(path, sizeof path, "%s/tokenizer.bin", o->out_dir);
+    if (rc == 0) rc = write_tokenizer(path);
+    if (rc == 0) rc = write_demo(o->out_dir, o);
+    if (rc == 0) fprintf(stderr, "wrote %s/{model.bin,tokenizer.bin,doc.txt,prompts.txt}\n", o->out_dir);
+    for (int k = 0; k < N_WORKERS; k++) {
+        runstate_free(&workers[k].state);
+        free(workers[k].dparams); free(workers[k].dlogits); free(workers[k].text);
+        free(workers[k].weight); free(workers[k].tokens); free(workers[k].token_weight);
+    }
+    free(adam_m); free(adam_v);
+    model_free(&m);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Does the model read its document?                                        */
+
+/* Teacher-forced top-1 over the answer bytes of a task, after the document
+ * (doc_len > 0) or alone: adds the count of correct answer bytes and of
+ * answer bytes, returns 1 if all are correct (then greedy decoding writes
+ * the whole answer). */
+static int score_answer(const Model *m, RunState *s, const char *doc, int doc_len, const char *task, int len,
+                        int answer_start, long *correct, long *total) {
+    int V = m->config.vocab_size, all = 1, *tokens = xmalloc((doc_len + len + 3) * sizeof(int));
+    float *answer = xmalloc((doc_len + len + 3) * sizeof(float)), *flags = xmalloc(len * sizeof(float));
+    for (int i = 0; i < len; i++) flags[i] = i >= answer_start;
+    int n = to_tokens(doc, doc_len, task, len, NULL, flags, tokens, answer) - 1;
+    Document none = {DOC_EXACT, 0, NULL, NULL};
+    forward(m, s, &none, tokens, n, 0, LOGITS_ALL);
+    for (int t = 0; t < n; t++) {
+        if (answer[t] == 0) continue;
+        int ok = argmax(s->logits + (size_t)t * V, V) == tokens[t + 1];
+        *correct += ok;
+        (*total)++;
+        all &= ok;
+    }
+    free(tokens); free(answer); free(flags);
+    return all;
+}
+
+static int evaluate_reading(const Options *o) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/model.bin", o->eval_dir);
+    Model m;
+    if (model_load(&m, path) != 0) return -1;
+    int T = m.config.seq_len;
+    Document none = {DOC_EXACT, 0, NULL, NULL};
+    RunState s;
+    runstate_alloc(&s, &m, &none, T, T);
+    static const char *kinds[3] = {"quote", "continue", "question"};
+    long correct[3][2] = {{0}}, total[3][2] = {{0}}, exact[3][2] = {{0}}, tasks[3] = {0};
+    char doc[512], task[256], text[1024];
+    double t0 = now_seconds();
+    for (int i = 1; i <= o->eval_docs; i++) {  /* held-out document 0 is the demo's */
+        uint64_t rng = heldout_rng(o->seed, i);
+        int n = corpus_document(&rng, doc, sizeof doc);
+        for (int kind = 0; kind < 3; kind++) {
+            int answer, len = corpus_task(&rng, doc, n, kind, task, sizeof task, &answer);
+            if (len < 0 || n + len + 3 > T) continue;
+            tasks[kind]++;
+            /* "\n" task, after the document and alone */
+            text[0] = '\n';
+            memcpy(text + 1, task, len);
+            exact[kind][0] += score_answer(&m, &s, doc, n, text, len + 1, answer + 1, &correct[kind][0], &total[kind][0]);
+            exact[kind][1] += score_answer(&m, &s, NULL, 0, text, len + 1, answer + 1, &correct[kind][1], &total[kind][1]);
+        }
+        if (i % 20 == 0 || i == o->eval_docs) {
+            double el = now_seconds() - t0;
+            fprintf(stderr, "\rdocuments %d/%d  %.0fs  ETA %.0fs   ", i, o->eval_docs, el, el / i * (o->eval_docs - i));
+        }
+    }
+    fprintf(stderr, "\n");
+    printf("reading held-out documents (%d documents, never seen in training); teacher-forced top-1\n", o->eval_docs);
+    printf("  %-10s %7s   %-24s %-24s\n", "task", "tasks", "with the document", "without the document");
+    printf("  %-10s %7s   %-11s %-12s %-11s %-12s\n", "", "", "answer bytes", "whole answer", "answer bytes", "whole answer");
+    for (int k = 0; k < 3; k++)
+        printf("  %-10s %7ld   %-11.3f  %-12.3f %-11.3f  %-12.3f\n", kinds[k], tasks[k],
+               (double)correct[k][0] / total[k][0], (double)exact[k][0] / tasks[k],
+               (double)correct[k][1] / total[k][1], (double)exact[k][1] / tasks[k]);
+    runstate_free(&s);
+    model_free(&m);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    Options o = {.steps = 6000, .batch = 16, .lr = 2e-3f, .p_copy_start = 0.5f, .p_copy_end = 0.2f,
+                 .weight_decay = 0.0f, .eval_docs = 200, .seed = 1};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
+        if (i + 1 >= argc) { fprintf(stderr, "error: option %s needs a value (see --help)\n", a); return 1; }
+        const char *v = argv[++i];
+        char *end = NULL;
+        if (!strcmp(a, "-o")) o.out_dir = v;
+        else if (!strcmp(a, "--eval")) o.eval_dir = v;
+        else if (!strcmp(a, "--steps")) o.steps = (int)strtol(v, &end, 10);
+        else if (!strcmp(a, "--batch")) o.batch = (int)strtol(v, &end, 10);
+        else if (!strcmp(a, "--docs")) o.eval_docs = (int)strtol(v, &end, 10);
+        else if (!strcmp(a, "--lr")) o.lr = strtof(v, &end);
+        else if (!strcmp(a, "-s")) o.seed = strtoull(v, &end, 10);
+        else { fprintf(stderr, "error: unknown option '%s' (see --help)\n", a); return 1; }
+        if (end && (*end || end == v)) { fprintf(stderr, "error: option %s expects a number, got '%s'\n", a, v); return 1; }
+    }
+    if (!o.out_dir == !o.eval_dir) { fprintf(stderr, "error: give -o DIR (train) or --eval DIR (measure)\n"); return 1; }
+    if (o.steps < 1 || o.batch < N_WORKERS || !(o.lr > 0) || o.eval_docs < 1) {
+        fprintf(stderr, "error: need --steps >= 1, --batch >= %d, --lr > 0, --docs >= 1\n", N_WORKERS);
+        return 1;
+    }
+    return (o.eval_dir ? evaluate_reading(&o) : pretrain(&o)) == 0 ? 0 : 1;
+}
