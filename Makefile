@@ -14,10 +14,10 @@ NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/de
 
 SAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-PROGRAMS := infer train pretrain
+PROGRAMS := infer train pretrain benchmark
 TESTS    := tests/test_core tests/test_corpus tests/random_model
 
-.PHONY: all test test-unit test-bad-input test-train test-asan clean check-blas info demo model
+.PHONY: all test test-unit test-bad-input test-train test-asan clean check-blas info demo model bench
 
 # The main job: fit Nectar modules (MLP, rho 10%) to the default document for
 # the default model in data/, print the metrics on held-out prompts, then the
@@ -34,6 +34,10 @@ demo: infer train
 	        -i "$$(printf '%b' "$$prompt")" --compare -n 40 -t 0 || exit 1; \
 	done
 
+# Serving cost and speed, exact against Nectar, document lengths 1K..64K.
+bench: benchmark
+	./benchmark -m data/model.bin
+
 # Regenerates data/ (model, tokenizer, document, prompts) from the seed,
 # bit for bit; about half an hour on two cores.
 model: pretrain
@@ -49,6 +53,9 @@ infer: infer.c nectar.c nectar.h | check-blas
 
 train: train.c nectar.c nectar.h | check-blas
 	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ train.c nectar.c $(BLAS_LIBS) $(LDLIBS)
+
+benchmark: bench.c nectar.c nectar.h | check-blas
+	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ bench.c nectar.c $(BLAS_LIBS) $(LDLIBS)
 
 pretrain: pretrain.c corpus.c corpus.h nectar.c nectar.h | check-blas
 	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -pthread -o $@ pretrain.c corpus.c nectar.c $(BLAS_LIBS) $(LDLIBS)

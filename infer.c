@@ -190,6 +190,11 @@ int main(int argc, char **argv) {
             fprintf(stderr, "error: %s has modules for a different model shape\n", module_path);
             return 1;
         }
+        if (modules.n_doc >= c->seq_len) {
+            fprintf(stderr, "error: %s stands for a document of %d tokens, which leaves no room in the "
+                    "model's context of %d\n", module_path, modules.n_doc, c->seq_len);
+            return 1;
+        }
         doc = (Document){DOC_NECTAR, modules.n_doc, NULL, &modules};
     }
 
@@ -224,7 +229,10 @@ int main(int argc, char **argv) {
     }
 
     double t0 = now_seconds();
-    if (has_doc) {  /* the exact path's prefill: the document's KV cache */
+    /* the exact path's prefill: the document's KV cache (with a module, only
+     * --eval and --compare need it) */
+    int need_cache = has_doc && (!module_path || eval || compare);
+    if (need_cache) {
         if (doccache_build(&cache, &model, doc_ids, n_doc, 256) != 0) return 1;
         if (!module_path) doc = (Document){DOC_EXACT, n_doc, &cache, NULL};
     }
@@ -300,7 +308,7 @@ int main(int argc, char **argv) {
                 first_ms, n, rate);
     }
 
-    if (has_doc) doccache_free(&cache);
+    if (need_cache) doccache_free(&cache);
     if (module_path) moduleset_free(&modules);
     free(prompt); free(doc_ids);
     if (tokp) tokenizer_free(tokp);

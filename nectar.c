@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 /* ------------------------------------------------------------------------ */
@@ -33,6 +34,11 @@ double now_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void copy_rows(float *dst, int ld_dst, const float *src, int ld_src, int rows, int width) {
+    for (int r = 0; r < rows; r++)
+        memcpy(dst + (size_t)r * ld_dst, src + (size_t)r * ld_src, (size_t)width * sizeof(float));
 }
 
 uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
@@ -56,7 +62,7 @@ float rng_normal(uint64_t *state) {  /* Box-Muller */
 }
 
 /* Writes the parts to path atomically: a temporary file, then rename. */
-static int write_file_atomic(const char *path, const void *const *parts,
+int write_file_atomic(const char *path, const void *const *parts,
                              const size_t *sizes, int n_parts) {
     size_t len = strlen(path);
     char *tmp = xmalloc(len + 5);
@@ -89,10 +95,13 @@ static unsigned char *read_file(const char *path, size_t *size) {
         fprintf(stderr, "error: cannot open %s: %s\n", path, strerror(errno));
         return NULL;
     }
-    if (fseek(f, 0, SEEK_END) != 0) { fclose(f); fprintf(stderr, "error: cannot seek in %s\n", path); return NULL; }
-    long end = ftell(f);
-    if (end < 0) { fclose(f); fprintf(stderr, "error: %s is not a regular file\n", path); return NULL; }
-    rewind(f);
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fprintf(stderr, "error: %s is not a regular file\n", path);
+        fclose(f);
+        return NULL;
+    }
+    long end = (long)st.st_size;
     unsigned char *buf = xmalloc((size_t)end + 1);
     if (fread(buf, 1, (size_t)end, f) != (size_t)end) {
         fprintf(stderr, "error: cannot read %s\n", path);
@@ -117,7 +126,8 @@ char *read_text_file(const char *path) {
 enum { HEADER_INTS = 7 };
 
 /* Number of floats of each tensor, in file order (RoPE tables included). */
-typedef struct { size_t count[14]; } TensorSizes;
+enum { T_RMS_FINAL = 10, T_ROPE_REAL = 11, T_ROPE_IMAG = 12, T_CLS = 13, T_COUNT = 14 };
+typedef struct { size_t count[T_COUNT]; } TensorSizes;
 
 static TensorSizes tensor_sizes(const Config *c, int shared) {
     size_t D = c->dim, F = c->hidden_dim, L = c->n_layers, V = c->vocab_size;
@@ -127,7 +137,6 @@ static TensorSizes tensor_sizes(const Config *c, int shared) {
                       T * d / 2, T * d / 2, shared ? 0 : V * D}};
     return t;
 }
-enum { T_ROPE_REAL = 11, T_ROPE_IMAG = 12, T_CLS = 13 };
 
 /* A sentence and -1 unless the shape is one this code can run. */
 static int check_config(const Config *c, const char *path) {
@@ -141,6 +150,13 @@ static int check_config(const Config *c, const char *path) {
             fprintf(stderr, "error: %s: %s = %d is out of range (1..%d)\n", path, names[i], dims[i], limit);
             return -1;
         }
+    double D = c->dim, F = c->hidden_dim, L = c->n_layers, V = c->vocab_size, T = c->seq_len;
+    double floats = V * D * 2 + L * (4 * D * D + 3 * D * F + 2 * D) + T * D + D;
+    if (floats > 1e11) {  /* also keeps every size_t product below well within range */
+        fprintf(stderr, "error: %s: a model of these dimensions (about %.3g floats) is beyond what this code loads\n",
+                path, floats);
+        return -1;
+    }
     if (c->dim % c->n_heads != 0) {
         fprintf(stderr, "error: %s: dim %d is not a multiple of n_heads %d\n", path, c->dim, c->n_heads);
         return -1;
@@ -161,7 +177,7 @@ void weights_view(const Config *c, int shared, float *base, Weights *w) {
     float **views[] = {&w->token_embedding, &w->rms_att, &w->wq, &w->wk, &w->wv,
                        &w->wo, &w->rms_ffn, &w->w1, &w->w2, &w->w3, &w->rms_final};
     float *p = base;
-    for (int i = 0; i < 11; i++) { *views[i] = p; p += t.count[i]; }
+    for (int i = 0; i <= T_RMS_FINAL; i++) { *views[i] = p; p += t.count[i]; }
     w->wcls = shared ? w->token_embedding : p;
 }
 
@@ -175,7 +191,7 @@ void model_refresh(Model *m) {
 static size_t model_param_count(const Config *c, int shared) {
     TensorSizes t = tensor_sizes(c, shared);
     size_t n = 0;
-    for (int i = 0; i < 14; i++)
+    for (int i = 0; i < T_COUNT; i++)
         if (i != T_ROPE_REAL && i != T_ROPE_IMAG) n += t.count[i];
     return n;
 }
@@ -192,12 +208,12 @@ int model_load(Model *m, const char *path) {
     }
     int h[HEADER_INTS];
     memcpy(h, buf, sizeof(h));
-    Config c = {h[0], h[1], h[2], h[3], h[4], h[5] < 0 ? -h[5] : h[5], h[6]};
+    Config c = {h[0], h[1], h[2], h[3], h[4], h[5] == INT_MIN ? 0 : abs(h[5]), h[6]};
     int shared = h[5] > 0;
     if (check_config(&c, path) != 0) { free(buf); return -1; }
     TensorSizes t = tensor_sizes(&c, shared);
     size_t floats = 0;
-    for (int i = 0; i < 14; i++) floats += t.count[i];
+    for (int i = 0; i < T_COUNT; i++) floats += t.count[i];
     size_t expected = sizeof(h) + floats * sizeof(float);
     if (size != expected) {
         fprintf(stderr, "error: %s is %zu bytes but its header (dim %d, hidden %d, layers %d, heads %d/%d, "
@@ -214,7 +230,7 @@ int model_load(Model *m, const char *path) {
     /* copy every tensor but the two RoPE tables, which we recompute */
     const float *src = (const float *)(buf + sizeof(h));
     float *dst = m->params;
-    for (int i = 0; i < 14; i++) {
+    for (int i = 0; i < T_COUNT; i++) {
         if (i != T_ROPE_REAL && i != T_ROPE_IMAG) {
             memcpy(dst, src, t.count[i] * sizeof(float));
             dst += t.count[i];
@@ -505,7 +521,7 @@ void moduleset_free(ModuleSet *s) {
     memset(s, 0, sizeof(*s));
 }
 
-int modulework_alloc(ModuleWork *w, const ModuleSet *s, int max_q) {
+void modulework_alloc(ModuleWork *w, const ModuleSet *s, int max_q) {
     memset(w, 0, sizeof(*w));
     w->max_q = max_q;
     w->n_hidden = s->arch == ARCH_MLP ? s->depth_backbone + s->depth_score + s->depth_target : 0;
@@ -522,7 +538,6 @@ int modulework_alloc(ModuleWork *w, const ModuleSet *s, int max_q) {
     w->dhid = xmalloc(hidden * sizeof(float));
     w->probs = xmalloc(N * w->max_pairs * sizeof(float));
     w->tmp = xmalloc(N * wide * sizeof(float));
-    return 0;
 }
 
 void modulework_free(ModuleWork *w) {
@@ -617,8 +632,7 @@ void module_forward(const ModuleSet *s, const Module *mod, ModuleWork *w,
 }
 
 void module_backward(const ModuleSet *s, const Module *mod, ModuleWork *w,
-                     const float *q, int N, const float *a, const float *A,
-                     const float *da, const float *dA, float *dq) {
+                     const float *q, int N, const float *A, const float *da, const float *dA, float *dq) {
     int d = s->head_size;
     if (s->arch == ARCH_QUAD) {
         const float *W = mod->params, *Z = mod->params + (size_t)mod->n_pairs * d;
@@ -628,7 +642,6 @@ void module_backward(const ModuleSet *s, const Module *mod, ModuleWork *w,
                                   dq, dW, dZ, w->tmp);
         return;
     }
-    (void)a;
     int Db = s->depth_backbone, Ds = s->depth_score, Dt = s->depth_target, width = mod->width;
     MlpParams p, g;
     mlp_layout(d, width, Db, Ds, Dt, mod->params, &p);
@@ -731,6 +744,7 @@ int moduleset_load(ModuleSet *s, const char *path, uint64_t model_fp, uint64_t d
     else if (h.arch != ARCH_MLP && h.arch != ARCH_QUAD) why = "its architecture is unknown";
     else if (h.n_layers <= 0 || h.n_kv_heads <= 0 || h.head_size <= 0 || h.n_doc <= 0 ||
              h.n_layers > 4096 || h.n_kv_heads > 4096 || h.head_size > 65536 ||
+             h.n_layers * h.n_kv_heads > (1 << 16) ||
              h.n_heldout < 0 || h.n_heldout_tokens < 0 || h.n_heldout_tokens > (1 << 28))
         why = "its dimensions are out of range";
     if (why) {
@@ -746,28 +760,31 @@ int moduleset_load(ModuleSet *s, const char *path, uint64_t model_fp, uint64_t d
         return -1;
     }
     ModuleFileEntry *table = (ModuleFileEntry *)(buf + sizeof(h));
+    /* sizes per layer, the same for every KV head; the file size they imply,
+     * checked before anything is allocated */
     int *sizes = xmalloc(h.n_layers * sizeof(int));
-    int ok = 1;
-    for (int l = 0; l < h.n_layers; l++) {
+    int ok = h.arch != ARCH_MLP || (h.depth_backbone >= 0 && h.depth_score >= 0 && h.depth_target >= 0 &&
+                                    h.depth_backbone + h.depth_score + h.depth_target <= MAX_HIDDEN);
+    size_t n_params = 0;
+    for (int l = 0; l < h.n_layers && ok; l++) {
         sizes[l] = table[l * h.n_kv_heads].size;
         for (int g = 0; g < h.n_kv_heads; g++)
-            ok &= table[l * h.n_kv_heads + g].size == sizes[l] && sizes[l] > 0 && sizes[l] < (1 << 24);
+            ok &= table[l * h.n_kv_heads + g].size == sizes[l] && sizes[l] > 0 && sizes[l] <= (1 << 20);
+        if (ok) n_params += (size_t)h.n_kv_heads * (h.arch == ARCH_MLP
+            ? mlp_param_count(h.head_size, sizes[l], h.depth_backbone, h.depth_score, h.depth_target)
+            : 2 * (size_t)sizes[l] * h.head_size);
     }
-    if (!ok || moduleset_alloc(s, h.arch, h.n_layers, h.n_kv_heads, h.head_size, h.depth_backbone,
+    size_t prompt_ints = h.n_heldout ? 2 * (size_t)h.n_heldout + 1 + h.n_heldout_tokens : 0;
+    size_t expected = sizeof(h) + table_bytes + n_params * sizeof(float) + prompt_ints * sizeof(int32_t);
+    if (!ok) why = "its module table is inconsistent";
+    else if (n_params != h.n_params || size != expected) why = "its size does not match its header: it is truncated or corrupt";
+    if (why || moduleset_alloc(s, h.arch, h.n_layers, h.n_kv_heads, h.head_size, h.depth_backbone,
                                h.depth_score, h.depth_target, sizes, 0) != 0) {
-        fprintf(stderr, "error: %s: its module table is inconsistent\n", path);
+        fprintf(stderr, "error: %s: %s\n", path, why ? why : "its modules cannot be allocated");
         free(sizes); free(buf);
         return -1;
     }
     free(sizes);
-    size_t prompt_ints = h.n_heldout ? 2 * (size_t)h.n_heldout + 1 + h.n_heldout_tokens : 0;
-    size_t expected = sizeof(h) + table_bytes + s->n_params * sizeof(float) + prompt_ints * sizeof(int32_t);
-    if (s->n_params != h.n_params || size != expected) {
-        fprintf(stderr, "error: %s is %zu bytes but its header describes %zu; the file is truncated or corrupt\n",
-                path, size, expected);
-        moduleset_free(s); free(buf);
-        return -1;
-    }
     if (model_fp && h.model_fingerprint != model_fp) why = "it was fitted to a different model";
     else if (doc_fp && h.doc_fingerprint != doc_fp) why = "it was fitted to a different document";
     if (why) {
@@ -811,7 +828,7 @@ int moduleset_load(ModuleSet *s, const char *path, uint64_t model_fp, uint64_t d
 /* ------------------------------------------------------------------------ */
 /* Transformer forward                                                      */
 
-int runstate_alloc(RunState *s, const Model *m, const Document *doc, int max_block, int capacity) {
+void runstate_alloc(RunState *s, const Model *m, const Document *doc, int max_block, int capacity) {
     memset(s, 0, sizeof(*s));
     const Config *c = &m->config;
     size_t B = max_block, D = c->dim, F = c->hidden_dim, H = c->n_heads;
@@ -845,7 +862,6 @@ int runstate_alloc(RunState *s, const Model *m, const Document *doc, int max_blo
         s->mA = xmalloc(B * D * sizeof(float));
         modulework_alloc(&s->work, doc->modules, max_block * (c->n_heads / c->n_kv_heads));
     }
-    return 0;
 }
 
 void runstate_free(RunState *s) {
@@ -955,20 +971,15 @@ static void document_states_nectar(const Model *m, RunState *s, const ModuleSet 
     int d = c->dim / c->n_heads, group = c->n_heads / c->n_kv_heads;
     for (int g = 0; g < c->n_kv_heads; g++) {
         /* the heads of group g are adjacent: row t holds group * d floats at q + t D + g group d */
-        for (int t = 0; t < ntok; t++)
-            memcpy(s->mq + (size_t)t * group * d, s->q + (size_t)t * c->dim + g * group * d,
-                   group * d * sizeof(float));
+        copy_rows(s->mq, group * d, s->q + g * group * d, c->dim, ntok, group * d);
         module_forward(ms, &ms->modules[l * c->n_kv_heads + g], &s->work, s->mq, ntok * group, s->ma, s->mA);
-        for (int t = 0; t < ntok; t++) {
-            memcpy(s->doc_A + (size_t)t * c->dim + g * group * d, s->mA + (size_t)t * group * d,
-                   group * d * sizeof(float));
-            memcpy(s->doc_lse + (size_t)t * c->n_heads + g * group, s->ma + (size_t)t * group,
-                   group * sizeof(float));
-        }
+        copy_rows(s->doc_A + g * group * d, c->dim, s->mA, group * d, ntok, group * d);
+        copy_rows(s->doc_lse + g * group, c->n_heads, s->ma, group, ntok, group);
     }
 }
 
-/* Merges document and local state of every (row, head) into s->att. */
+/* Merges document and local state of every (row, head) into s->att; the
+ * merged lse is not needed downstream (only A feeds the output projection). */
 static void merge_rows(const Model *m, RunState *s, int ntok) {
     const Config *c = &m->config;
     int d = c->dim / c->n_heads;
@@ -1059,6 +1070,7 @@ int forward(const Model *m, RunState *s, const Document *doc, const int *tokens,
                 s->max_doc, doc->cache->n);
         return -1;
     }
+    s->block_pos = pos;
     for (int t = 0; t < ntok; t++)
         memcpy(s->x + (size_t)t * D, m->w.token_embedding + (size_t)tokens[t] * D, D * sizeof(float));
     for (int l = 0; l < c->n_layers; l++) {
@@ -1105,13 +1117,11 @@ static void document_states_nectar_backward(const Model *m, RunState *s, const M
     size_t row = (size_t)group * d;
     for (int g = 0; g < c->n_kv_heads; g++) {
         const Module *mod = &ms->modules[l * c->n_kv_heads + g];
-        for (int t = 0; t < ntok; t++) {
-            memcpy(s->mq + t * row, s->q + (size_t)t * c->dim + g * row, row * sizeof(float));
-            memcpy(s->dmA + t * row, s->ddoc_A + (size_t)t * c->dim + g * row, row * sizeof(float));
-            memcpy(s->dma + (size_t)t * group, s->ddoc_lse + (size_t)t * c->n_heads + g * group, group * sizeof(float));
-        }
+        copy_rows(s->mq, row, s->q + g * row, c->dim, ntok, row);
+        copy_rows(s->dmA, row, s->ddoc_A + g * row, c->dim, ntok, row);
+        copy_rows(s->dma, group, s->ddoc_lse + g * group, c->n_heads, ntok, group);
         module_forward(ms, mod, &s->work, s->mq, ntok * group, s->ma, s->mA);
-        module_backward(ms, mod, &s->work, s->mq, ntok * group, s->ma, s->mA, s->dma, s->dmA, s->dmq);
+        module_backward(ms, mod, &s->work, s->mq, ntok * group, s->mA, s->dma, s->dmA, s->dmq);
         for (int t = 0; t < ntok; t++)
             for (size_t j = 0; j < row; j++) s->dq[(size_t)t * c->dim + g * row + j] += s->dmq[t * row + j];
     }
@@ -1211,8 +1221,8 @@ int backward(const Model *m, RunState *s, const Document *doc, const int *tokens
              const float *dlogits, Weights *dw) {
     const Config *c = &m->config;
     int D = c->dim, V = c->vocab_size, L = c->n_layers;
-    if (!s->saved_x || ntok > s->max_block) {
-        fprintf(stderr, "error: backward needs a run state with backward enabled and the block just run\n");
+    if (!s->saved_x || ntok > s->max_block || s->block_pos != 0) {
+        fprintf(stderr, "error: backward needs a run state with backward enabled and the block just run from position 0\n");
         return -1;
     }
     /* logits = rmsnorm(x_L) Wcls^T */
@@ -1312,6 +1322,10 @@ int evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const Pro
         int len = prompts->offsets[i + 1] - prompts->offsets[i];
         max_len = len > max_len ? len : max_len;
     }
+    if (ms->n_doc != doc->n) {
+        fprintf(stderr, "error: the modules stand for a document of %d tokens, not %d\n", ms->n_doc, doc->n);
+        return -1;
+    }
     if (doc->n + max_len > c->seq_len) {
         fprintf(stderr, "error: document (%d) plus the longest prompt (%d) exceed the context of %d\n",
                 doc->n, max_len, c->seq_len);
@@ -1371,8 +1385,7 @@ int evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const Pro
                 const float *tq = sf.tap_q + (size_t)l * max_len * D;
                 const float *tA = sf.tap_doc_A + (size_t)l * max_len * D;
                 const float *tlse = sf.tap_doc_lse + (size_t)l * max_len * H;
-                for (int t = 0; t < len; t++)
-                    memcpy(q + (size_t)t * group * d, tq + (size_t)t * D + g * group * d, group * d * sizeof(float));
+                copy_rows(q, group * d, tq + g * group * d, D, len, group * d);
                 module_forward(ms, &ms->modules[l * G + g], &w, q, len * group, a, A);
                 for (int t = 0; t < len; t++)
                     for (int j = 0; j < group; j++) {
@@ -1459,12 +1472,11 @@ int argmax(const float *x, int n) {
     return best;
 }
 
-int sampler_init(Sampler *s, int vocab_size, float temperature, float topp, uint64_t seed) {
+void sampler_init(Sampler *s, int vocab_size, float temperature, float topp, uint64_t seed) {
     s->temperature = temperature;
     s->topp = topp;
     s->rng = seed ? seed : 1;
     s->cand = xmalloc(vocab_size * sizeof(Candidate));
-    return 0;
 }
 
 void sampler_free(Sampler *s) { free(s->cand); }

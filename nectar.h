@@ -97,6 +97,8 @@ int  tokenizer_encode(const Tokenizer *t, const char *text, int bos, int eos,
 const char *tokenizer_decode(const Tokenizer *t, int prev_token, int token);
 /* Whitespace-separated integers; returns the count and a malloc'd array. */
 int  read_token_ids(const char *path, int **ids);
+/* Writes n_parts buffers to path atomically: a temporary file, then rename. */
+int write_file_atomic(const char *path, const void *const *parts, const size_t *sizes, int n_parts);
 /* A whole text file, NUL-terminated, malloc'd; NULL after a sentence. */
 char *read_text_file(const char *path);
 
@@ -197,7 +199,7 @@ typedef struct {
     float *tmp;     /* (N, max(p, w)) */
 } ModuleWork;
 
-int  modulework_alloc(ModuleWork *w, const ModuleSet *s, int max_q);
+void modulework_alloc(ModuleWork *w, const ModuleSet *s, int max_q);
 void modulework_free(ModuleWork *w);
 /* Random init (seeded). MLP: hidden N(0, 1/fan_in), output weights 0 and
  * output biases at the given means (mean_a (L*G), mean_A (L*G, d); NULL = 0).
@@ -209,11 +211,10 @@ void quad_init_from_cache(ModuleSet *s, const struct DocCache *doc);
 /* Forward of N queries q (N, d) -> a (N), A (N, d). Keeps what backward needs. */
 void module_forward(const ModuleSet *s, const Module *mod, ModuleWork *w,
                     const float *q, int N, float *a, float *A);
-/* Backward: given da (N), dA (N, d), adds parameter gradients into
+/* Backward of the last module_forward (A its output): given da (N), dA (N, d), adds parameter gradients into
  * mod->grads and, if dq is not NULL, writes dq (N, d). */
 void module_backward(const ModuleSet *s, const Module *mod, ModuleWork *w,
-                     const float *q, int N, const float *a, const float *A,
-                     const float *da, const float *dA, float *dq);
+                     const float *q, int N, const float *A, const float *da, const float *dA, float *dq);
 
 /* ------------------------------------------------------------------------ */
 /* Forward pass                                                             */
@@ -275,9 +276,10 @@ typedef struct {
     float *ddoc_A, *dloc_A, *ddoc_lse, *dloc_lse;   /* (B, D), (B, D), (B, H), (B, H) */
     float *dmq, *dma, *dmA;                         /* module twins: (B * H, d), (B * H), (B * H, d) */
     float *tmp;         /* (B, max(n, capacity)) */
+    int block_pos;      /* local position of the last forward's block */
 } RunState;
 
-int  runstate_alloc(RunState *s, const Model *m, const Document *doc, int max_block, int capacity);
+void runstate_alloc(RunState *s, const Model *m, const Document *doc, int max_block, int capacity);
 void runstate_free(RunState *s);
 /* Allocates the taps (freed with the run state). */
 void runstate_enable_taps(RunState *s, const Model *m);
@@ -287,7 +289,8 @@ void runstate_enable_backward(RunState *s, const Model *m);
 /* Runs tokens (ntok <= B) at local positions [pos, pos + ntok), writing their
  * keys/values into the local cache. Logits (LOGITS_*) of every row, of the
  * last row only (row ntok - 1 of s->logits), or none. Returns 0, or -1 with a
- * sentence (ids out of range, context exceeded). */
+ * sentence (ids out of range, block or capacity exceeded). The model's
+ * context is not enforced here (benchmarks run past it); programs check it. */
 enum { LOGITS_NONE = 0, LOGITS_LAST = 1, LOGITS_ALL = 2 };
 int forward(const Model *m, RunState *s, const Document *doc,
             const int *tokens, int ntok, int pos, int logits);
@@ -315,7 +318,7 @@ typedef struct {
     double agree, agree_nodoc;    /* top-1 equal to the full-cache model's */
     double kl, kl_nodoc;          /* mean KL(full || other) per position */
     double score_mse, target_mse; /* mean (a - alpha)^2, mean ||A_theta - A||^2 */
-    double rte;                   /* exp(mean over modules of mean log(||A_theta - A||^2 / ||q - A||^2)) */
+    double rte;                   /* exp(mean over (layer, query head) of mean log(||A_theta - A||^2 / ||q - A||^2)) */
     double *score_mse_layer, *target_mse_layer;  /* (L) */
 } EvalResult;
 
@@ -343,18 +346,22 @@ typedef struct {
     Candidate *cand;  /* (V) probabilities, sorted for top-p */
 } Sampler;
 
-int  sampler_init(Sampler *s, int vocab_size, float temperature, float topp, uint64_t seed);
+void sampler_init(Sampler *s, int vocab_size, float temperature, float topp, uint64_t seed);
 void sampler_free(Sampler *s);
 int  sample(Sampler *s, float *logits, int n);  /* modifies logits */
 int  argmax(const float *x, int n);
 
+/* dst row r (stride ld_dst) = src row r (stride ld_src), `width` floats each:
+ * gathers the query heads of a KV group into one batch, and back. */
+void copy_rows(float *dst, int ld_dst, const float *src, int ld_src, int rows, int width);
 uint64_t fnv1a(uint64_t h, const void *data, size_t n);
 #define FNV_OFFSET 1469598103934665603ULL
 uint32_t rng_u32(uint64_t *state);
 float    rng_uniform(uint64_t *state);   /* [0, 1) */
 float    rng_normal(uint64_t *state);
 
-/* Checked libc calls: on failure, name the file and line and exit(1). */
+/* Checked allocation: zeroed memory (calloc), or a sentence naming the file
+ * and line and exit(1). Code relies on the zeroing. */
 void *check_malloc(size_t n, const char *file, int line);
 #define xmalloc(n) check_malloc((n), __FILE__, __LINE__)
 double now_seconds(void);

@@ -41,6 +41,8 @@ static void usage(FILE *f) {
         "  --steps N       optimisation steps (default 6000)\n"
         "  --batch N       samples per step (default 16)\n"
         "  --lr LR         peak learning rate (default 2e-3)\n"
+        "  --copy-start P  share of \"Repeat:\" copy samples at the start (default 0.5)\n"
+        "  --copy-end P    and at the end, linearly in between (default 0.2)\n"
         "  --docs N        held-out documents for --eval (default 200)\n"
         "  -s SEED         seed (default 1)\n"
         "  --help          this text\n");
@@ -375,6 +377,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--batch")) o.batch = (int)strtol(v, &end, 10);
         else if (!strcmp(a, "--docs")) o.eval_docs = (int)strtol(v, &end, 10);
         else if (!strcmp(a, "--lr")) o.lr = strtof(v, &end);
+        else if (!strcmp(a, "--copy-start")) o.p_copy_start = strtof(v, &end);
+        else if (!strcmp(a, "--copy-end")) o.p_copy_end = strtof(v, &end);
         else if (!strcmp(a, "-s")) o.seed = strtoull(v, &end, 10);
         else { fprintf(stderr, "error: unknown option '%s' (see --help)\n", a); return 1; }
         if (end && (*end || end == v)) { fprintf(stderr, "error: option %s expects a number, got '%s'\n", a, v); return 1; }

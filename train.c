@@ -132,11 +132,15 @@ static int parse_options(int argc, char **argv, Options *o) {
     else if (!o->out_path) why = "an output file is required (-o OUT.nectar)";
     else if (!o->doc_text_path == !o->doc_ids_path) why = "give the document as -d DOC.txt or -D DOC.ids (one of them)";
     else if (!(o->rho > 0 && o->rho <= 100)) why = "--rho must be in (0, 100]";
+    else if (o->depth_backbone < 0 || o->depth_score < 0 || o->depth_target < 0 ||
+             o->depth_backbone + o->depth_score + o->depth_target < 1 ||
+             o->depth_backbone + o->depth_score + o->depth_target > 64)
+        why = "--depths B,S,T must be >= 0 with 1 <= B+S+T <= 64";
     else if (o->steps < 0 || o->batch < 1 || o->n_prompts < 0 || o->prompt_len < 2 || o->answer_len < 0) why = "need --steps >= 0 (0: evaluate the initial modules), --batch >= 1, --n-prompts >= 0, --prompt-len >= 2, --answer-len >= 0";
     else if (!(o->lr > 0) || o->weight_decay < 0 || o->warmup_fraction < 0 || o->warmup_fraction >= 1) why = "need --lr > 0, --wd >= 0 and --warmup in [0, 1)";
     else if (o->lambda_alpha < 0 || o->lambda_A < 0 || o->lambda_kl < 0 || o->lambda_alpha + o->lambda_A + o->lambda_kl == 0)
         why = "the loss weights must be >= 0 and not all 0";
-    else if (o->kl_prompts < 1) why = "--kl-prompts must be >= 1";
+    else if (o->kl_prompts < 1 || o->kl_prompts > 64) why = "--kl-prompts must be in 1..64";
     if (why) { fprintf(stderr, "error: %s\n", why); return -1; }
     if (o->checkpoint_every <= 0) o->checkpoint_every = o->steps / 4 > 0 ? o->steps / 4 : 1;
     return 0;
@@ -382,6 +386,31 @@ static PromptSet select_prompts(const PromptSet *p, const unsigned char *is_trai
     return b.set;
 }
 
+/* MLP initialisation from the teacher's data: output biases at the training
+ * means of alpha and A, input scale 1 / rms(q), per (layer, KV head). */
+static void mlp_init_from_teacher(ModuleSet *ms, const TeacherData *td, const Config *c, uint64_t seed) {
+    int L = c->n_layers, G = c->n_kv_heads, H = c->n_heads, D = c->dim, d = D / H, group = H / G;
+    float *mean_a = xmalloc((size_t)L * G * sizeof(float)), *mean_A = xmalloc((size_t)L * G * d * sizeof(float));
+    double *sA = xmalloc(d * sizeof(double));
+    for (int l = 0; l < L; l++)
+        for (int g = 0; g < G; g++) {
+            double sa = 0, sq = 0;
+            memset(sA, 0, d * sizeof(double));
+            for (long t = 0; t < td->P; t++)
+                for (int j = 0; j < group; j++) {
+                    size_t row = ((size_t)l * td->P + t) * D + (size_t)(g * group + j) * d;
+                    sa += td->alpha[((size_t)l * td->P + t) * H + g * group + j];
+                    for (int k = 0; k < d; k++) { sA[k] += td->A[row + k]; sq += td->q[row + k] * td->q[row + k]; }
+                }
+            double count = (double)td->P * group;
+            mean_a[l * G + g] = (float)(sa / count);
+            for (int k = 0; k < d; k++) mean_A[((size_t)l * G + g) * d + k] = (float)(sA[k] / count);
+            ms->modules[l * G + g].input_scale = (float)(1.0 / sqrt(sq / (count * d) + 1e-12));
+        }
+    mlp_init(ms, seed, mean_a, mean_A);
+    free(mean_a); free(mean_A); free(sA);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Budget                                                                   */
 
@@ -444,19 +473,10 @@ typedef struct { uint32_t magic, version; int32_t step, reserved; uint64_t n_par
 
 static int save_checkpoint(const char *path, const ModuleSet *s, const Adam *adam, uint64_t run_hash) {
     CkptHeader h = {CKPT_MAGIC, CKPT_VERSION, adam->step, 0, s->n_params, run_hash};
-    size_t len = strlen(path);
-    char *tmp = xmalloc(len + 5);
-    snprintf(tmp, len + 5, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    int ok = f && fwrite(&h, sizeof h, 1, f) == 1 &&
-             fwrite(s->params, sizeof(float), s->n_params, f) == s->n_params &&
-             fwrite(adam->m, sizeof(float), s->n_params, f) == s->n_params &&
-             fwrite(adam->v, sizeof(float), s->n_params, f) == s->n_params;
-    if (f) ok = (fclose(f) == 0) && ok;
-    ok = ok && rename(tmp, path) == 0;
-    if (!ok) { fprintf(stderr, "error: cannot write checkpoint %s\n", path); remove(tmp); }
-    free(tmp);
-    return ok ? 0 : -1;
+    size_t bytes = s->n_params * sizeof(float);
+    const void *parts[4] = {&h, s->params, adam->m, adam->v};
+    size_t sizes[4] = {sizeof h, bytes, bytes, bytes};
+    return write_file_atomic(path, parts, sizes, 4);
 }
 
 static int load_checkpoint(const char *path, ModuleSet *s, Adam *adam, uint64_t run_hash) {
@@ -565,6 +585,11 @@ int main(int argc, char **argv) {
         sizes[l] = o.arch == ARCH_MLP
             ? mlp_width_for_budget(d, (long)budget, o.depth_backbone, o.depth_score, o.depth_target)
             : (int)(o.rho * mult[l] * n_doc);  /* p = floor(rho n): 2 p d parameters */
+        if (o.arch == ARCH_QUAD && sizes[l] > n_doc) {
+            fprintf(stderr, "error: layer %d would get %d quadrature pairs, more than the %d cached pairs they start "
+                    "from; keep rho x multiplier <= 1\n", l, sizes[l], n_doc);
+            return 1;
+        }
     }
     ModuleSet ms;
     if (moduleset_alloc(&ms, o.arch, L, G, d, o.depth_backbone, o.depth_score, o.depth_target, sizes, 1) != 0) {
@@ -587,29 +612,8 @@ int main(int argc, char **argv) {
     fprintf(info, "  total %zu params for %ld KV entries: rho %.4f\n", ms.n_params, kv_entries,
             (double)ms.n_params / kv_entries);
 
-    /* initialisation: MLP outputs at the training means, inputs scaled to unit RMS */
-    if (o.arch == ARCH_MLP) {
-        float *mean_a = xmalloc((size_t)L * G * sizeof(float)), *mean_A = xmalloc((size_t)L * G * d * sizeof(float));
-        for (int l = 0; l < L; l++)
-            for (int g = 0; g < G; g++) {
-                double sa = 0, sq = 0, *sA = xmalloc(d * sizeof(double));
-                for (long t = 0; t < td.P; t++)
-                    for (int j = 0; j < group; j++) {
-                        size_t row = ((size_t)l * td.P + t) * D + (size_t)(g * group + j) * d;
-                        sa += td.alpha[((size_t)l * td.P + t) * H + g * group + j];
-                        for (int k = 0; k < d; k++) { sA[k] += td.A[row + k]; sq += td.q[row + k] * td.q[row + k]; }
-                    }
-                double count = (double)td.P * group;
-                mean_a[l * G + g] = (float)(sa / count);
-                for (int k = 0; k < d; k++) mean_A[((size_t)l * G + g) * d + k] = (float)(sA[k] / count);
-                ms.modules[l * G + g].input_scale = (float)(1.0 / sqrt(sq / (count * d) + 1e-12));
-                free(sA);
-            }
-        mlp_init(&ms, o.seed + 7, mean_a, mean_A);
-        free(mean_a); free(mean_A);
-    } else {
-        quad_init_from_cache(&ms, &cache);
-    }
+    if (o.arch == ARCH_MLP) mlp_init_from_teacher(&ms, &td, c, o.seed + 7);
+    else quad_init_from_cache(&ms, &cache);
 
     /* 4. fitting */
     uint64_t run_hash = fnv1a(FNV_OFFSET, &o.arch, sizeof o.arch);
@@ -659,9 +663,9 @@ int main(int argc, char **argv) {
         for (int l = 0; o.lambda_alpha + o.lambda_A > 0 && l < L; l++)
             for (int g = 0; g < G; g++) {
                 Module *mod = &ms.modules[l * G + g];
-                for (int b = 0; b < B; b++)
-                    memcpy(q + (size_t)b * group * d, td.q + ((size_t)l * td.P + batch_pos[b]) * D + (size_t)g * group * d,
-                           (size_t)group * d * sizeof(float));
+                for (int b = 0; b < B; b++)  /* the group's query heads at batch position b */
+                    copy_rows(q + (size_t)b * group * d, d, td.q + ((size_t)l * td.P + batch_pos[b]) * D + (size_t)g * group * d,
+                              d, group, d);
                 module_forward(&ms, mod, &work, q, N, a, A);
                 /* L = lambda_alpha mean (a - alpha)^2 + lambda_A mean ||A_theta - A||^2 */
                 for (int b = 0; b < B; b++)
@@ -677,19 +681,25 @@ int main(int argc, char **argv) {
                             dA[(size_t)row * d + k] = 2.0f * o.lambda_A * e / N;
                         }
                     }
-                module_backward(&ms, mod, &work, q, N, a, A, da, dA, NULL);
+                module_backward(&ms, mod, &work, q, N, A, da, dA, NULL);
             }
         /* + lambda_kl mean KL(teacher || Nectar) over the positions of kl_prompts prompts */
+        int kl_pick[64], kl_positions = 0;
         for (int k = 0; o.lambda_kl > 0 && k < o.kl_prompts; k++) {
-            int which = rng_u32(&batch_rng) % td.n_train, i = td.prompt[which];
-            int len = all->offsets[i + 1] - all->offsets[i];
+            kl_pick[k] = rng_u32(&batch_rng) % td.n_train;
+            int i = td.prompt[kl_pick[k]];
+            kl_positions += all->offsets[i + 1] - all->offsets[i];
+        }
+        for (int k = 0; o.lambda_kl > 0 && k < o.kl_prompts; k++) {
+            int i = td.prompt[kl_pick[k]], len = all->offsets[i + 1] - all->offsets[i];
             const int *tokens = all->tokens + all->offsets[i];
             forward(&model, &student, &student_doc, tokens, len, 0, LOGITS_ALL);
-            double kl = kl_loss(td.logits + (size_t)td.start[which] * c->vocab_size, student.logits, len,
+            double kl = kl_loss(td.logits + (size_t)td.start[kl_pick[k]] * c->vocab_size, student.logits, len,
                                 c->vocab_size, dlogits);
-            loss += o.lambda_kl * kl / o.kl_prompts;
-            float scale = o.lambda_kl / o.kl_prompts;
-            for (size_t j = 0; j < (size_t)len * c->vocab_size; j++) dlogits[j] *= scale;
+            /* kl_loss averages over this prompt's positions; weigh by its share of all of them */
+            float share = (float)len / kl_positions;
+            loss += o.lambda_kl * kl * share;
+            for (size_t j = 0; j < (size_t)len * c->vocab_size; j++) dlogits[j] *= o.lambda_kl * share;
             backward(&model, &student, &student_doc, tokens, len, dlogits, NULL);
         }
         /* global gradient norm clipping at 1.0 */

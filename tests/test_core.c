@@ -260,7 +260,7 @@ static void test_module(ModuleArch arch, int Db, int Ds, int Dt, int size) {
     check_close("forward A vs naive loop", A, ref_A, N * D, 1e-5, 1e-4);
 
     memset(s.grads, 0, s.n_params * sizeof(float));
-    module_backward(&s, mod, &w, q, N, a, A, ca, cA, dq);
+    module_backward(&s, mod, &w, q, N, A, ca, cA, dq);
 
     /* central differences in doubles: dL/dtheta_i = (L(+h) - L(-h)) / 2h */
     const double h = 1e-6;

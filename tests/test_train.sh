@@ -67,7 +67,16 @@ ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 "$bin/train" -m "$tmp/model.bin" -D "$
 train -o "$tmp/quad.nectar" --arch quad --rho 1 --steps 0 --json > "$tmp/quad.json" 2> /dev/null
 mse=$(json "$tmp/quad.json" random target_mse) agree=$(json "$tmp/quad.json" random agree)
 echo "    quadrature rho 1 untrained: target MSE $mse, agreement $agree"
-is "$mse < 1e-10 && $agree == 1" && ok "quadrature rho = 1 at init: zero error" || fail "quadrature rho = 1 at init"
+rte=$(json "$tmp/quad.json" random rte) kl=$(json "$tmp/quad.json" random kl)
+is "$mse < 1e-10 && $agree == 1 && $rte < 1e-6 && $kl < 1e-9" && ok "quadrature rho = 1 at init: zero error, RTE and KL" || fail "quadrature rho = 1 at init"
+
+# layer-group multipliers keep the total budget: layers 1-2 get twice layer 0's share
+train -o "$tmp/groups.nectar" --steps 0 --groups 0-1:1,1-3:2 > "$tmp/groups.txt" 2> /dev/null
+train -o "$tmp/uniform.nectar" --steps 0 > "$tmp/uniform.txt" 2> /dev/null
+g_total=$(sed -nE 's/.*total ([0-9]+) params.*/\1/p' "$tmp/groups.txt") u_total=$(sed -nE 's/.*total ([0-9]+) params.*/\1/p' "$tmp/uniform.txt")
+w0=$(awk '$1 == "0" && NF == 6 { print $3 }' "$tmp/groups.txt") w2=$(awk '$1 == "2" && NF == 6 { print $3 }' "$tmp/groups.txt")
+echo "    --groups 0-1:1,1-3:2: widths $w0 (layer 0) and $w2 (layer 2), $g_total params against $u_total uniform"
+is "$w2 > $w0 && $g_total <= 1.1 * $u_total && $g_total >= 0.9 * $u_total" && ok "--groups: more width where asked, same total budget" || fail "--groups"
 
 # infer with the module
 "$bin/infer" -m "$tmp/model.bin" -D "$tmp/doc.ids" -k "$tmp/fit.nectar" -I "$tmp/prompt.ids" --compare -n 8 -t 0 > "$tmp/cmp" 2> "$tmp/log"

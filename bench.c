@@ -1,0 +1,258 @@
+/* bench.c - serving cost and speed, exact against Nectar, measured side by
+ * side in one run (`make bench`). Every configuration runs in a child
+ * process, so its peak resident memory is its own.
+ *
+ * References measured in the same run: OpenBLAS sgemm at the model's shapes
+ * (prefill and module fitting are reported as a fraction of it), the
+ * no-document decode, the exact path.
+ */
+#include "nectar.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+enum { PROMPT = 16, DECODE = 32, BLOCK = 256 };
+
+typedef enum { RUN_FULL_PREFILL, RUN_REUSED_CACHE, RUN_NECTAR, RUN_NO_DOC } RunKind;
+
+typedef struct {
+    double ttft_ms;       /* prompt (and document, for the full prefill) to first logits */
+    double decode_tps;    /* decode tokens per second after that */
+    double peak_mb;       /* peak resident memory of the process */
+    double prefill_gflops;/* full prefill: model FLOPs / time */
+    double state_bytes;   /* the document's state: KV cache or module */
+} Measure;
+
+/* FLOPs of the forward of `ntok` tokens after `ctx` earlier ones: the
+ * matmuls, 2 per multiply-add, and attention (QK and PV) over what each sees. */
+static double forward_flops(const Config *c, double ntok, double ctx) {
+    double D = c->dim, F = c->hidden_dim, KVD = (double)c->dim / c->n_heads * c->n_kv_heads;
+    double matmul = 2.0 * ntok * (2 * D * D + 2 * D * KVD + 3 * D * F) * c->n_layers + 2.0 * ntok * D * c->vocab_size;
+    double attention = 4.0 * D * c->n_layers * (ntok * ctx + ntok * (ntok + 1) / 2);
+    return matmul + attention;
+}
+
+static int mlp_width(const Config *c, int n, float rho) {
+    int d = c->dim / c->n_heads;
+    return mlp_width_for_budget(d, (long)(rho * 2.0 * n * d), 1, 1, 1);
+}
+
+/* One configuration, in the child. */
+static Measure run_config(const Model *m, RunKind kind, const int *doc_ids, int n, float rho) {
+    const Config *c = &m->config;
+    Measure r = {0};
+    int prompt[PROMPT + DECODE];
+    for (int i = 0; i < PROMPT + DECODE; i++) prompt[i] = 3 + (i * 37) % 250;
+    DocCache cache = {0};
+    ModuleSet ms = {0};
+    Document doc = {DOC_EXACT, 0, NULL, NULL};
+    double t0 = now_seconds();
+    if (kind == RUN_REUSED_CACHE || kind == RUN_FULL_PREFILL) {
+        doccache_build(&cache, m, doc_ids, n, BLOCK);
+        doc = (Document){DOC_EXACT, n, &cache, NULL};
+        r.state_bytes = 2.0 * sizeof(float) * c->n_layers * n * cache.kv_dim;
+    } else if (kind == RUN_NECTAR) {
+        int *widths = xmalloc(c->n_layers * sizeof(int));
+        for (int l = 0; l < c->n_layers; l++) widths[l] = mlp_width(c, n, rho);
+        moduleset_alloc(&ms, ARCH_MLP, c->n_layers, c->n_kv_heads, c->dim / c->n_heads, 1, 1, 1, widths, 0);
+        mlp_init(&ms, 1, NULL, NULL);  /* timing does not depend on the values */
+        ms.n_doc = n;
+        free(widths);
+        doc = (Document){DOC_NECTAR, n, NULL, &ms};
+        r.state_bytes = ms.n_params * sizeof(float);
+    }
+    if (kind != RUN_FULL_PREFILL) t0 = now_seconds();  /* a reused cache is already there */
+    RunState s;
+    runstate_alloc(&s, m, &doc, PROMPT, PROMPT + DECODE);
+    forward(m, &s, &doc, prompt, PROMPT, 0, LOGITS_LAST);
+    double t1 = now_seconds();
+    r.ttft_ms = (t1 - t0) * 1e3;
+    if (kind == RUN_FULL_PREFILL)
+        r.prefill_gflops = (forward_flops(c, n, 0) + forward_flops(c, PROMPT, n)) / (t1 - t0) / 1e9;
+    for (int i = 0; i < DECODE; i++) forward(m, &s, &doc, &prompt[PROMPT + i], 1, PROMPT + i, LOGITS_LAST);
+    r.decode_tps = DECODE / (now_seconds() - t1);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    r.peak_mb = ru.ru_maxrss / 1024.0;
+    runstate_free(&s);
+    doccache_free(&cache);
+    moduleset_free(&ms);
+    return r;
+}
+
+/* Runs one configuration in a child process and reads its result back. */
+static Measure measure(const Model *m, RunKind kind, const int *doc_ids, int n, float rho) {
+    int fd[2];
+    Measure r = {0};
+    if (pipe(fd) != 0) { perror("pipe"); exit(1); }
+    fflush(NULL);
+    pid_t pid = fork();
+    if (pid < 0) { perror("fork"); exit(1); }
+    if (pid == 0) {
+        close(fd[0]);
+        r = run_config(m, kind, doc_ids, n, rho);
+        ssize_t wrote = write(fd[1], &r, sizeof r);
+        _exit(wrote == (ssize_t)sizeof r ? 0 : 1);
+    }
+    close(fd[1]);
+    ssize_t got = read(fd[0], &r, sizeof r);
+    close(fd[0]);
+    int status;
+    waitpid(pid, &status, 0);
+    if (got != (ssize_t)sizeof r || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        fprintf(stderr, "error: a benchmark child failed\n");
+        exit(1);
+    }
+    return r;
+}
+
+/* sgemm GFLOP/s for C (M, N) = A (M, K) B^T, B stored (N, K) as the model's weights */
+static double sgemm_gflops(int M, int N, int K) {
+    float *A = xmalloc((size_t)M * K * sizeof(float)), *B = xmalloc((size_t)N * K * sizeof(float));
+    float *C = xmalloc((size_t)M * N * sizeof(float));
+    for (size_t i = 0; i < (size_t)M * K; i++) A[i] = (float)(i % 13) * 0.01f;
+    for (size_t i = 0; i < (size_t)N * K; i++) B[i] = (float)(i % 7) * 0.01f;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, A, K, B, K, 0.0f, C, N);  /* warm-up */
+    int reps = 1;
+    double t;
+    do {  /* enough repetitions for 0.2 s */
+        double t0 = now_seconds();
+        for (int r = 0; r < reps; r++)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, A, K, B, K, 0.0f, C, N);
+        t = now_seconds() - t0;
+        reps *= 2;
+    } while (t < 0.2);
+    free(A); free(B); free(C);
+    return 2.0 * M * N * K * (reps / 2) / t / 1e9;
+}
+
+/* Module fitting throughput: forward + backward of a batch of N queries
+ * through one MLP module, as train's inner loop runs it. */
+static void fit_throughput(int d, int width, int N, double *queries_per_s, double *gflops) {
+    ModuleSet ms;
+    moduleset_alloc(&ms, ARCH_MLP, 1, 1, d, 1, 1, 1, &width, 1);
+    mlp_init(&ms, 3, NULL, NULL);
+    for (size_t i = 0; i < ms.n_params; i++) ms.params[i] += 0.01f;  /* nonzero outputs */
+    ModuleWork w;
+    modulework_alloc(&w, &ms, N);
+    float *q = xmalloc((size_t)N * d * sizeof(float)), *a = xmalloc(N * sizeof(float));
+    float *A = xmalloc((size_t)N * d * sizeof(float)), *da = xmalloc(N * sizeof(float));
+    float *dA = xmalloc((size_t)N * d * sizeof(float));
+    for (size_t i = 0; i < (size_t)N * d; i++) { q[i] = (float)(i % 11) * 0.1f; dA[i] = 1e-3f; }
+    for (int i = 0; i < N; i++) da[i] = 1e-3f;
+    int reps = 0;
+    double t0 = now_seconds(), t;
+    do {
+        module_forward(&ms, &ms.modules[0], &w, q, N, a, A);
+        module_backward(&ms, &ms.modules[0], &w, q, N, A, da, dA, NULL);
+        reps++;
+        t = now_seconds() - t0;
+    } while (t < 0.3);
+    *queries_per_s = (double)reps * N / t;
+    /* a multiply-add per parameter and query: 2 FLOPs forward, 4 backward */
+    *gflops = 6.0 * ms.n_params * N * reps / t / 1e9;
+    free(q); free(a); free(A); free(da); free(dA);
+    modulework_free(&w);
+    moduleset_free(&ms);
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: benchmark -m MODEL [--max-doc N] [--min-doc N]\n"
+               "  document lengths from --min-doc (default 1024) to --max-doc (default 65536), doubling\n");
+}
+
+int main(int argc, char **argv) {
+    const char *model_path = NULL;
+    int min_doc = 1024, max_doc = 65536;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); return 0; }
+        if (i + 1 >= argc) { fprintf(stderr, "error: %s needs a value (see --help)\n", argv[i]); return 1; }
+        if (!strcmp(argv[i], "-m")) model_path = argv[++i];
+        else if (!strcmp(argv[i], "--max-doc")) max_doc = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--min-doc")) min_doc = atoi(argv[++i]);
+        else { fprintf(stderr, "error: unknown option '%s' (see --help)\n", argv[i]); return 1; }
+    }
+    if (!model_path || min_doc < 1 || max_doc < min_doc) {
+        fprintf(stderr, "error: need -m MODEL and 1 <= --min-doc <= --max-doc\n");
+        return 1;
+    }
+    Model m;
+    if (model_load(&m, model_path) != 0) return 1;
+    const Config *c = &m.config;
+    int d = c->dim / c->n_heads;
+    double t_start = now_seconds();
+
+    /* references */
+    double g_qkvo = sgemm_gflops(BLOCK, c->dim, c->dim), g_ffn = sgemm_gflops(BLOCK, c->hidden_dim, c->dim);
+    double w_qkvo = 2.0 * c->dim * c->dim + 2.0 * c->dim * d * c->n_kv_heads, w_ffn = 3.0 * c->dim * c->hidden_dim;
+    double sgemm = (w_qkvo + w_ffn) / (w_qkvo / g_qkvo + w_ffn / g_ffn);  /* at the prefill's mix of shapes */
+    printf("model %s: dim %d, hidden %d, %d layers, %d/%d heads, head size %d, context %d\n", model_path,
+           c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, d, c->seq_len);
+    printf("OpenBLAS sgemm, %d x (%d x %d) and %d x (%d x %d): %.1f and %.1f GFLOP/s; at the prefill's mix %.1f GFLOP/s\n",
+           BLOCK, c->dim, c->dim, BLOCK, c->hidden_dim, c->dim, g_qkvo, g_ffn, sgemm);
+    if (max_doc > c->seq_len)
+        printf("note: documents beyond the model's context (%d) are for timing only (RoPE runs past it)\n", c->seq_len);
+    printf("prompt %d tokens, then %d decoded; Nectar modules are MLPs (1,1,1) of the width that rho allows\n\n",
+           PROMPT, DECODE);
+
+    printf("| doc tokens | TTFT full prefill | TTFT reused KV | TTFT Nectar 2%% | prefill GFLOP/s (of sgemm) "
+           "| decode tok/s exact | Nectar 2%% | Nectar 10%% | no doc | exact ms/token | peak MB exact / Nectar 2%% / no doc "
+           "| KV state | module 2%% | module 10%% |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    Measure full = {0}, reused = {0}, n10 = {0};  /* kept from the longest document */
+    for (int n = min_doc; n <= max_doc; n *= 2) {
+        int *doc_ids = xmalloc(n * sizeof(int));
+        doc_ids[0] = 1;
+        for (int i = 1; i < n; i++) doc_ids[i] = 3 + (int)((i * 2654435761u) % 256u);
+        fprintf(stderr, "document of %d tokens ... (%.0fs so far)\n", n, now_seconds() - t_start);
+        full = measure(&m, RUN_FULL_PREFILL, doc_ids, n, 0);
+        reused = measure(&m, RUN_REUSED_CACHE, doc_ids, n, 0);
+        Measure n2 = measure(&m, RUN_NECTAR, doc_ids, n, 0.02f);
+        n10 = measure(&m, RUN_NECTAR, doc_ids, n, 0.10f);
+        Measure none = measure(&m, RUN_NO_DOC, doc_ids, n, 0);
+        printf("| %d | %.1f ms | %.2f ms | %.2f ms | %.1f (%.0f%%) | %.0f | %.0f (%.2fx no doc) | %.0f (%.2fx) | %.0f "
+               "| %.3f | %.0f / %.0f / %.0f | %.2f MB | %.2f MB | %.2f MB |\n",
+               n, full.ttft_ms, reused.ttft_ms, n2.ttft_ms, full.prefill_gflops, 100 * full.prefill_gflops / sgemm,
+               reused.decode_tps, n2.decode_tps, n2.decode_tps / none.decode_tps, n10.decode_tps,
+               n10.decode_tps / none.decode_tps, none.decode_tps, 1e3 / reused.decode_tps, full.peak_mb, n2.peak_mb,
+               none.peak_mb, full.state_bytes / 1e6, n2.state_bytes / 1e6, n10.state_bytes / 1e6);
+        fflush(stdout);
+        free(doc_ids);
+    }
+
+    /* module fitting: the rho 10% module of the longest document */
+    int width = mlp_width(c, max_doc, 0.10f), batch = 64 * (c->n_heads / c->n_kv_heads);
+    double qps, fit_gflops;
+    fit_throughput(d, width, batch, &qps, &fit_gflops);
+    double g_fit = sgemm_gflops(batch, width, width);
+    printf("\nmodule fitting (width %d, batch %d queries, forward + backward): %.0f queries/s, %.2f GFLOP/s = %.0f%% "
+           "of sgemm at %d x (%d x %d) (%.1f GFLOP/s)\n", width, batch, qps, fit_gflops, 100 * fit_gflops / g_fit,
+           batch, width, width, g_fit);
+    /* amortisation at the longest document, for 64 generated tokens per request */
+    double steps = 1500, fit_seconds = steps * batch * c->n_layers * c->n_kv_heads / qps;
+    double per_request_full = full.ttft_ms / 1e3 + 64 / reused.decode_tps;
+    double per_request_reused = reused.ttft_ms / 1e3 + 64 / reused.decode_tps;
+    double per_request_nectar = n10.ttft_ms / 1e3 + 64 / n10.decode_tps;
+    printf("amortisation at %d tokens (rho 10%%, %g steps x %d queries x %d modules = %.0f s of fitting, not counting "
+           "the teacher pass; requests of %d prompt + 64 generated tokens):\n", max_doc, steps, batch, c->n_layers * c->n_kv_heads,
+           fit_seconds, PROMPT);
+    printf("  per request: full prefill %.3f s, reused KV cache %.3f s, Nectar %.3f s\n", per_request_full,
+           per_request_reused, per_request_nectar);
+    if (per_request_full > per_request_nectar)
+        printf("  break-even against full prefill after %.0f requests\n", fit_seconds / (per_request_full - per_request_nectar));
+    else
+        printf("  against full prefill Nectar saves no time per request: no break-even\n");
+    if (per_request_reused > per_request_nectar)
+        printf("  break-even against a reused KV cache after %.0f requests\n", fit_seconds / (per_request_reused - per_request_nectar));
+    else
+        printf("  against a reused KV cache Nectar saves no time per request: no break-even (it saves memory only)\n");
+    fprintf(stderr, "bench took %.0f s\n", now_seconds() - t_start);
+    model_free(&m);
+    return 0;
+}
