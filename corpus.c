@@ -271,12 +271,15 @@ CorpusSample corpus_sample(uint64_t *rng, float p_copy, char *text, float *weigh
     CorpusSample r = {0, 0};
     if (cap < CORPUS_MIN_CAP) return r;
     if (rng_uniform(rng) < p_copy) {
-        /* lowercase letters with single spaces, neither first nor last */
-        int n = 30 + rnd(rng, 91), most = (cap - 1 - 10) / 2;
+        /* letters of both cases and digits, with single spaces, neither first
+         * nor last: 62 symbols, so that a symbol rarely repeats within a
+         * string and copying it can start from one-symbol lookups */
+        static const char ALPHABET[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+        int n = 20 + rnd(rng, 81), most = (cap - 1 - 10) / 2;
         if (n > most) n = most;
         for (int i = 0; i < n; i++)
             text[i] = i > 0 && i < n - 1 && text[i - 1] != ' ' && rnd(rng, 6) == 0
-                    ? ' ' : (char)('a' + rnd(rng, 26));
+                    ? ' ' : ALPHABET[rnd(rng, 62)];
         memcpy(text + n, "\nRepeat: ", 9);
         memcpy(text + n + 9, text, n);
         text[2 * n + 9] = '\n';

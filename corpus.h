@@ -14,7 +14,7 @@
  *             follows " | "
  *   question  "Q: Where does Dorin Vale live?\nA: Kesma.\n"
  *             the answer follows "A: "
- * A copy sample is "<30..120 random lowercase letters and spaces>\n"
+ * A copy sample is "<20..100 random letters, digits and spaces>\n"
  * "Repeat: <the same string>\n"; the answer follows "Repeat: ".
  *
  * Loss weights: weight[i] is the weight of the loss on predicting text[i]

@@ -9,6 +9,7 @@
  */
 #include "../corpus.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,9 +106,9 @@ static const char *check_sample(const char *text, const float *weight, CorpusSam
     if (!strncmp(t, "Repeat: ", 8)) {  /* the copy sample */
         counts[3]++;
         if (end - t != 8 + s.doc_len + 1 || memcmp(t + 8, text, s.doc_len)) return "repeat differs";
-        if (s.doc_len < 30 || s.doc_len > 120) return "copy string length";
+        if (s.doc_len < 20 || s.doc_len > 100) return "copy string length";
         for (int i = 0; i < s.doc_len; i++)
-            if (!(text[i] == ' ' || (text[i] >= 'a' && text[i] <= 'z'))) return "copy string bytes";
+            if (!(text[i] == ' ' || isalnum((unsigned char)text[i]))) return "copy string bytes";
         if (!weights_are(weight, s.doc_len + 1, s.doc_len + 9, CORPUS_PROMPT_WEIGHT) ||
             !weights_are(weight, s.doc_len + 9, s.len, CORPUS_ANSWER_WEIGHT)) return "repeat weights";
         return NULL;
@@ -186,8 +187,8 @@ int main(void) {
             "A: [Leidik.]\n"
             "Continue: Hokai Moun | [lives in Fopok.]\n";
         const char *copy_want =
-            "lj vulrancbzelk zquyndxqo wtnahwzexp\n"
-            "Repeat: [lj vulrancbzelk zquyndxqo wtnahwzexp]\n";
+            "N7 Vgrj2jq7R2za roEW1NJuGM\n"
+            "Repeat: [N7 Vgrj2jq7R2za roEW1NJuGM]\n";
         int cap = 512;
         char got[1024];
         text = malloc(cap); weight = malloc(cap * sizeof(float));
@@ -200,7 +201,7 @@ int main(void) {
         s = corpus_sample(&rng, 1.0f, text, weight, cap);
         mark(text, weight, s.len, got);
         printf("%s", got);
-        check(!strcmp(got, copy_want) && s.doc_len == 36, "copy sample, seed 48: text and weights");
+        check(!strcmp(got, copy_want) && s.doc_len == 26, "copy sample, seed 48: text and weights");
         free(text); free(weight);
     }
 
