@@ -583,23 +583,38 @@ void quad_init_from_cache(ModuleSet *s, const DocCache *doc) {
 
 static float silu(float z) { return z / (1.0f + expf(-z)); }
 
+/* Y (N, n_out) = X (N, n_in) W^T + beta Y: W stored (n_out, n_in), as every
+ * weight matrix here (beta 1 adds into Y, as the residual stream does). */
+static void matmul(int N, int n_in, int n_out, const float *X, const float *W, float beta, float *Y) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, n_out, n_in, 1.0f, X, n_in, W, n_in, beta, Y, n_out);
+}
+
+/* dW += dY^T X for a linear layer Y = X W^T (W stored (n_out, n_in)), if dW. */
+static void weight_grad(int ntok, int n_in, int n_out, const float *dY, const float *X, float *dW) {
+    if (dW) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n_out, n_in, ntok, 1.0f,
+                        dY, n_out, X, n_in, 1.0f, dW, n_in);
+}
+
+/* dX (+)= dY W for Y = X W^T; beta 0 overwrites, 1 adds. */
+static void input_grad(int ntok, int n_in, int n_out, const float *dY, const float *W, float beta, float *dX) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ntok, n_in, n_out, 1.0f,
+                dY, n_out, W, n_in, beta, dX, n_in);
+}
+
 /* out (N, n_out) = in (N, n_in) W^T + b: a linear layer, W stored (n_out, n_in). */
 static void linear_forward(int N, int n_in, int n_out, const float *in, const float *W,
                            const float *b, float *out) {
     for (int r = 0; r < N; r++) memcpy(out + (size_t)r * n_out, b, n_out * sizeof(float));
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, n_out, n_in, 1.0f,
-                in, n_in, W, n_in, 1.0f, out, n_out);
+    matmul(N, n_in, n_out, in, W, 1.0f, out);
 }
 
 /* Backward of out = in W^T + b: dW += dout^T in, db += sum_r dout_r,
  * din += dout W (din may be NULL). */
 static void linear_backward(int N, int n_in, int n_out, const float *in, const float *W,
                             const float *dout, float *dW, float *db, float *din) {
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n_out, n_in, N, 1.0f,
-                dout, n_out, in, n_in, 1.0f, dW, n_in);
+    weight_grad(N, n_in, n_out, dout, in, dW);
     if (db) for (int r = 0; r < N; r++) for (int c = 0; c < n_out; c++) db[c] += dout[(size_t)r * n_out + c];
-    if (din) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, n_in, n_out, 1.0f,
-                         dout, n_out, W, n_in, 1.0f, din, n_in);
+    if (din) input_grad(N, n_in, n_out, dout, W, 1.0f, din);
 }
 
 void module_forward(const ModuleSet *s, const Module *mod, ModuleWork *w,
@@ -619,9 +634,7 @@ void module_forward(const ModuleSet *s, const Module *mod, ModuleWork *w,
         float *pre = w->pre + i * layer_size, *hid = w->hid + i * layer_size;
         int prev = mlp_prev(i, Db, Ds);
         linear_forward(N, d, width, w->x, p.Vq[i], p.b[i], pre);       /* Vq x + b */
-        if (prev >= 0)                                                   /* + U h_prev */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, width, width, 1.0f,
-                        w->hid + prev * layer_size, width, p.U[i], width, 1.0f, pre, width);
+        if (prev >= 0) matmul(N, width, width, w->hid + prev * layer_size, p.U[i], 1.0f, pre);  /* + U h_prev */
         for (size_t j = 0; j < layer_size; j++) hid[j] = silu(pre[j]);  /* h = SiLU(pre) */
     }
     int hs = mlp_head_input(0, Db, Ds, Dt), ht = mlp_head_input(1, Db, Ds, Dt);
@@ -1014,12 +1027,9 @@ static void layer_forward(const Model *m, RunState *s, const Document *doc, int 
     for (int t = 0; t < ntok; t++)
         rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, w->rms_att + (size_t)l * D, D);
     /* q, k, v (B, D / KVD) = xb Wq^T, xb Wk^T, xb Wv^T */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, D, D, 1.0f, s->xb, D,
-                w->wq + (size_t)l * D * D, D, 0.0f, s->q, D);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, KVD, D, 1.0f, s->xb, D,
-                w->wk + (size_t)l * KVD * D, D, 0.0f, s->k, KVD);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, KVD, D, 1.0f, s->xb, D,
-                w->wv + (size_t)l * KVD * D, D, 0.0f, s->v, KVD);
+    matmul(ntok, D, D, s->xb, w->wq + (size_t)l * D * D, 0.0f, s->q);
+    matmul(ntok, D, KVD, s->xb, w->wk + (size_t)l * KVD * D, 0.0f, s->k);
+    matmul(ntok, D, KVD, s->xb, w->wv + (size_t)l * KVD * D, 0.0f, s->v);
     for (int t = 0; t < ntok; t++) {
         int position = doc->n + pos + t;  /* local tokens follow the document */
         rope(s->q + (size_t)t * D, D, d, position, 1.0f);
@@ -1040,19 +1050,15 @@ static void layer_forward(const Model *m, RunState *s, const Document *doc, int 
 
     /* x_mid = x + att Wo^T */
     memcpy(s->x_mid, s->x, (size_t)ntok * D * sizeof(float));
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, D, D, 1.0f, s->att, D,
-                w->wo + (size_t)l * D * D, D, 1.0f, s->x_mid, D);
+    matmul(ntok, D, D, s->att, w->wo + (size_t)l * D * D, 1.0f, s->x_mid);
     /* x = x_mid + W2 (SiLU(W1 xb2) * W3 xb2), xb2 = rmsnorm(x_mid) */
     for (int t = 0; t < ntok; t++)
         rmsnorm(s->xb2 + (size_t)t * D, s->x_mid + (size_t)t * D, w->rms_ffn + (size_t)l * D, D);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, F, D, 1.0f, s->xb2, D,
-                w->w1 + (size_t)l * F * D, D, 0.0f, s->hb, F);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, F, D, 1.0f, s->xb2, D,
-                w->w3 + (size_t)l * F * D, D, 0.0f, s->hb2, F);
+    matmul(ntok, D, F, s->xb2, w->w1 + (size_t)l * F * D, 0.0f, s->hb);
+    matmul(ntok, D, F, s->xb2, w->w3 + (size_t)l * F * D, 0.0f, s->hb2);
     for (size_t i = 0; i < (size_t)ntok * F; i++) s->hgate[i] = silu(s->hb[i]) * s->hb2[i];
     memcpy(s->x, s->x_mid, (size_t)ntok * D * sizeof(float));
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, ntok, D, F, 1.0f, s->hgate, F,
-                w->w2 + (size_t)l * D * F, F, 1.0f, s->x, D);
+    matmul(ntok, F, D, s->hgate, w->w2 + (size_t)l * D * F, 1.0f, s->x);
 }
 
 int forward(const Model *m, RunState *s, const Document *doc, const int *tokens, int ntok, int pos,
@@ -1083,9 +1089,7 @@ int forward(const Model *m, RunState *s, const Document *doc, const int *tokens,
     for (int t = first; t < ntok; t++)
         rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, m->w.rms_final, D);
     /* logits (rows, V) = xb Wcls^T */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, c->vocab_size, D, 1.0f,
-                s->xb + (size_t)first * D, D, m->w.wcls, D, 0.0f,
-                s->logits + (size_t)first * c->vocab_size, c->vocab_size);
+    matmul(rows, D, c->vocab_size, s->xb + (size_t)first * D, m->w.wcls, 0.0f, s->logits + (size_t)first * c->vocab_size);
     return 0;
 }
 
@@ -1125,18 +1129,6 @@ static void document_states_nectar_backward(const Model *m, RunState *s, const M
         for (int t = 0; t < ntok; t++)
             for (size_t j = 0; j < row; j++) s->dq[(size_t)t * c->dim + g * row + j] += s->dmq[t * row + j];
     }
-}
-
-/* dW += dY^T X for a linear layer Y = X W^T (W stored (n_out, n_in)), if dW. */
-static void weight_grad(int ntok, int n_in, int n_out, const float *dY, const float *X, float *dW) {
-    if (dW) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n_out, n_in, ntok, 1.0f,
-                        dY, n_out, X, n_in, 1.0f, dW, n_in);
-}
-
-/* dX (+)= dY W for Y = X W^T; beta 0 overwrites, 1 adds. */
-static void input_grad(int ntok, int n_in, int n_out, const float *dY, const float *W, float beta, float *dX) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ntok, n_in, n_out, 1.0f,
-                dY, n_out, W, n_in, beta, dX, n_in);
 }
 
 #define LAYER(ptr, l, size) ((ptr) ? (ptr) + (size_t)(l) * (size) : NULL)

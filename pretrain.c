@@ -41,8 +41,8 @@ static void usage(FILE *f) {
         "  --steps N       optimisation steps (default 6000)\n"
         "  --batch N       samples per step (default 16)\n"
         "  --lr LR         peak learning rate (default 2e-3)\n"
-        "  --copy-start P  share of \"Repeat:\" copy samples at the start (default 0.5)\n"
-        "  --copy-end P    and at the end, linearly in between (default 0.2)\n"
+        "  --copy-start P  share of \"Repeat:\" copy samples at the start (default 0.6)\n"
+        "  --copy-end P    and at the end, linearly in between (default 0.25)\n"
         "  --docs N        held-out documents for --eval (default 200)\n"
         "  -s SEED         seed (default 1)\n"
         "  --help          this text\n");
@@ -363,7 +363,7 @@ static int evaluate_reading(const Options *o) {
 }
 
 int main(int argc, char **argv) {
-    Options o = {.steps = 6000, .batch = 16, .lr = 2e-3f, .p_copy_start = 0.5f, .p_copy_end = 0.2f,
+    Options o = {.steps = 6000, .batch = 16, .lr = 2e-3f, .p_copy_start = 0.6f, .p_copy_end = 0.25f,
                  .weight_decay = 0.0f, .eval_docs = 200, .seed = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
