@@ -12,12 +12,16 @@ BLAS_HINT   := OpenBLAS was not found by pkg-config; on Debian or Ubuntu: apt-ge
 # nvcc is optional: the CUDA parts build only where it is found.
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 
+NVCC_FLAGS := -O2 -std=c++17 -Xcompiler -Wall,-Wextra,-Wno-unused-parameter
+# Hopper by default (H100/H200), with PTX so newer GPUs can run it too
+GPU_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+
 SAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
 PROGRAMS := infer train pretrain benchmark
 TESTS    := tests/test_core tests/test_corpus tests/random_model
 
-.PHONY: all test test-unit test-bad-input test-train test-asan clean check-blas info demo model bench
+.PHONY: all test test-unit test-bad-input test-train test-cuda test-asan clean check-blas info demo model bench
 
 # The main job: fit Nectar modules (MLP, rho 10%) to the default document for
 # the default model in data/, print the metrics on held-out prompts, then the
@@ -82,8 +86,24 @@ build-asan/test_core: tests/test_core.c nectar.c nectar.h | check-blas
 	@mkdir -p build-asan
 	$(CC) $(SAN_FLAGS) -std=c11 -D_GNU_SOURCE $(BLAS_CFLAGS) -o $@ tests/test_core.c $(BLAS_LIBS) $(LDLIBS)
 
+# CUDA kernels against the CPU reference: built only where nvcc is found;
+# without a GPU the test prints SKIP and passes.
+tests/test_cuda: tests/test_cuda.cu tests/test_cuda_ref.c nectar_cuda.cu nectar_cuda.h nectar.c nectar.h | check-blas
+	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -c tests/test_cuda_ref.c -o tests/test_cuda_ref.o
+	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) -c nectar_cuda.cu -o nectar_cuda.o
+	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) -c tests/test_cuda.cu -o tests/test_cuda.o
+	$(NVCC) -o $@ tests/test_cuda.o nectar_cuda.o tests/test_cuda_ref.o -lcublas $(BLAS_LIBS) -lm
+
+test-cuda:
+ifneq ($(NVCC),)
+	$(MAKE) tests/test_cuda
+	./tests/test_cuda
+else
+	@echo "test-cuda: nvcc not found, CUDA tests not built"
+endif
+
 # `make test` stops at the first failing step.
-test: test-unit test-bad-input test-train test-asan
+test: test-unit test-bad-input test-train test-cuda test-asan
 
 test-unit: $(TESTS)
 	./tests/test_core
@@ -105,4 +125,4 @@ info:
 	@echo "nvcc:     $(if $(NVCC),$(NVCC),not found (CUDA parts skipped))"
 
 clean:
-	rm -rf $(PROGRAMS) $(TESTS) build-asan tests/tmp_* $(DEMO_DIR)
+	rm -rf $(PROGRAMS) $(TESTS) tests/test_cuda *.o tests/*.o build-asan tests/tmp_* $(DEMO_DIR)

@@ -419,29 +419,22 @@ void gate_merge(int d, const float *A_doc, float a_doc, const float *A_loc, floa
  * analytic, a = log sum_j exp(w_j . q / sqrt d): attention over p learned pairs.
  */
 
-enum { MAX_HIDDEN = 64 };
-
 /* The hidden layer feeding layer i, or -1 when it starts from x. */
-static int mlp_prev(int i, int Db, int Ds) {
+int mlp_prev(int i, int Db, int Ds) {
     if (i == 0) return -1;
     if (i == Db || i == Db + Ds) return Db > 0 ? Db - 1 : -1;  /* a head's first layer */
     return i - 1;
 }
 
 /* The hidden layer feeding the score (head 0) or target (head 1) output, or -1 for x. */
-static int mlp_head_input(int head, int Db, int Ds, int Dt) {
+int mlp_head_input(int head, int Db, int Ds, int Dt) {
     int depth = head == 0 ? Ds : Dt;
     if (depth > 0) return head == 0 ? Db + Ds - 1 : Db + Ds + Dt - 1;
     return Db > 0 ? Db - 1 : -1;
 }
 
-typedef struct {
-    float *Vq[MAX_HIDDEN], *U[MAX_HIDDEN], *b[MAX_HIDDEN];
-    float *ws, *bs, *Wt, *bt;
-} MlpParams;
-
 /* Points views at a module's parameter (or gradient) block. */
-static size_t mlp_layout(int d, int w, int Db, int Ds, int Dt, float *base, MlpParams *p) {
+size_t mlp_layout(int d, int w, int Db, int Ds, int Dt, float *base, MlpParams *p) {
     size_t off = 0;
     for (int i = 0; i < Db + Ds + Dt; i++) {
         p->Vq[i] = base + off; off += (size_t)w * d;

@@ -174,6 +174,19 @@ typedef struct {
     PromptSet heldout;          /* held-out prompts, for infer --eval */
 } ModuleSet;
 
+/* The MLP's parameter layout (nectar.c explains it): hidden layers are
+ * numbered backbone [0, Db), score head [Db, Db+Ds), target [Db+Ds, Db+Ds+Dt). */
+enum { MAX_HIDDEN = 64 };
+typedef struct {
+    float *Vq[MAX_HIDDEN], *U[MAX_HIDDEN], *b[MAX_HIDDEN];  /* (w, d), (w, w) or NULL, (w) */
+    float *ws, *bs, *Wt, *bt;                               /* (in_s), (1), (d, in_t), (d) */
+} MlpParams;
+/* The hidden layer feeding layer i, or -1 when it starts from the input. */
+int    mlp_prev(int i, int Db, int Ds);
+/* The hidden layer feeding the score (head 0) or target (head 1) output, or -1. */
+int    mlp_head_input(int head, int Db, int Ds, int Dt);
+/* Points p at a module's parameters (or gradients) at base; returns the count. */
+size_t mlp_layout(int d, int w, int Db, int Ds, int Dt, float *base, MlpParams *p);
 /* Parameters of one MLP module of width w. */
 size_t mlp_param_count(int d, int w, int Db, int Ds, int Dt);
 /* The largest width whose parameter count fits `budget`; 0 if none. */
