@@ -33,7 +33,7 @@ demo: infer train
 	    --arch mlp --rho 0.1 -o $(DEMO_DIR)/demo.nectar
 	@echo; echo "document (data/doc.txt):"; cat data/doc.txt; echo
 	@head -n 3 data/prompts.txt | while IFS= read -r prompt; do \
-	    echo; echo "=== prompt: $$prompt"; \
+	    printf '\n=== prompt: %s\n' "$$prompt"; \
 	    ./infer -m data/model.bin -z data/tokenizer.bin -d data/doc.txt -k $(DEMO_DIR)/demo.nectar \
 	        -i "$$(printf '%b' "$$prompt")" --compare -n 40 -t 0 || exit 1; \
 	done

@@ -39,9 +39,9 @@ static void usage(FILE *f) {
         "  --rho R           budget: params / (2 n d) per module (default 0.1)\n"
         "  --depths B,S,T    MLP depths: backbone, score head, target head (default 1,1,1)\n"
         "  --groups SPEC     layer-group capacity multipliers, e.g. 0-9:1,9-15:2 (normalised)\n"
-        "  --steps N         optimisation steps (default 1500; 0 evaluates the initial modules)\n"
+        "  --steps N         optimisation steps (default 6000; 0 evaluates the initial modules)\n"
         "  --batch N         prompt positions per step (default 64; x heads per group)\n"
-        "  --lr LR           peak learning rate (default 3e-3)   --wd W  weight decay (default 0)\n"
+        "  --lr LR           peak learning rate (default 1e-2)   --wd W  weight decay (default 0)\n"
         "  --warmup F        warmup fraction of the steps (default 0.05)\n"
         "  --lambda-alpha X  score loss weight (default 0.1 mlp, 0 quad)\n"
         "  --lambda-A X      target loss weight (default 1)\n"
@@ -62,8 +62,9 @@ static void usage(FILE *f) {
 }
 
 static int parse_options(int argc, char **argv, Options *o) {
-    *o = (Options){.arch = ARCH_MLP, .rho = 0.1f, .lr = 3e-3f, .warmup_fraction = 0.05f,
-                   .lambda_alpha = -1, .lambda_A = -1, .lambda_kl = -1, .kl_prompts = 2, .answer_len = 16, .steps = 1500, .batch = 64, .n_prompts = 200,
+    *o = (Options){.arch = ARCH_MLP, .rho = 0.1f, .lr = 1e-2f, .warmup_fraction = 0.05f,
+                   .lambda_alpha = -1, .lambda_A = -1, .lambda_kl = -1, .kl_prompts = 2, .answer_len = 16,
+                   .steps = 6000, .batch = 64, .n_prompts = 200,
                    .prompt_len = 48, .depth_backbone = 1, .depth_score = 1, .depth_target = 1, .seed = 1234};
     int preset = 0;
     for (int i = 1; i < argc; i++) {
