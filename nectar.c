@@ -934,12 +934,14 @@ static void rmsnorm_backward(float *dx, float *dw, const float *x, const float *
  * rotated by the angle pos * theta^(-(i mod d) / d), theta = 10000.
  * direction -1 rotates back: the backward of the rotation. */
 static void rope(float *vec, int n, int head_size, int pos, float direction) {
-    for (int i = 0; i < n; i += 2) {
-        float freq = 1.0f / powf(10000.0f, (i % head_size) / (float)head_size);
+    for (int i = 0; i < head_size; i += 2) {  /* one angle per pair index, shared by every head */
+        float freq = 1.0f / powf(10000.0f, i / (float)head_size);
         float angle = pos * freq, fcr = cosf(angle), fci = direction * sinf(angle);
-        float v0 = vec[i], v1 = vec[i + 1];
-        vec[i] = v0 * fcr - v1 * fci;
-        vec[i + 1] = v0 * fci + v1 * fcr;
+        for (int j = i; j < n; j += head_size) {
+            float v0 = vec[j], v1 = vec[j + 1];
+            vec[j] = v0 * fcr - v1 * fci;
+            vec[j + 1] = v0 * fci + v1 * fcr;
+        }
     }
 }
 
