@@ -1,4 +1,4 @@
-# Nectar in C. `make` builds ./infer and ./train; `make test` runs every test.
+# Nectar in C. `make` builds the programs; `make demo` runs the main job; `make test` runs every test.
 CC      ?= cc
 CFLAGS  ?= -O2 -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wno-unused-parameter
@@ -18,6 +18,7 @@ GPU_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=co
 
 SAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
+.DEFAULT_GOAL := all
 PROGRAMS := infer train pretrain benchmark
 TESTS    := tests/test_core tests/test_corpus tests/random_model
 

@@ -86,6 +86,7 @@ static int generate(const Model *m, const Document *doc, const int *prompt, int 
         last = s.logits;
     }
     printf("\n");
+    fflush(stdout);  /* before the timing line on stderr */
     *ms_first = (t_first - t0) * 1e3;
     *tok_per_s = generated > 1 ? (generated - 1) / (now_seconds() - t_first) : 0.0;
     runstate_free(&s);
@@ -137,6 +138,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "error: need -n >= 0, -t >= 0 and -p in [0, 1]\n");
         return 1;
     }
+    if ((eval || compare) && !(module_path && (doc_text_path || doc_ids_path))) {
+        fprintf(stderr, "error: --eval and --compare need the module (-k) and its document (-d/-D)\n");
+        return 1;
+    }
     if ((doc_text_path && doc_ids_path) || (prompt_text && prompt_ids_path)) {
         fprintf(stderr, "error: give the document as -d or -D and the prompt as -i or -I, not both\n");
         return 1;
@@ -174,6 +179,7 @@ int main(int argc, char **argv) {
     if (has_doc) {
         char *text = doc_text_path ? read_text_file(doc_text_path) : NULL;
         if (doc_text_path && !text) return 1;
+        if (text && !text[0]) { fprintf(stderr, "error: the document %s is empty\n", doc_text_path); return 1; }
         doc_ids = load_tokens(tokp, text, doc_ids_path, 1, &n_doc);
         free(text);
         if (!doc_ids || check_tokens(&model, doc_ids, n_doc, "document") != 0) return 1;
@@ -243,10 +249,6 @@ int main(int argc, char **argv) {
                 kv_bytes, modules.n_params * sizeof(float), (double)kv_bytes / (modules.n_params * sizeof(float)));
     }
     if (eval) {
-        if (!module_path || !has_doc) {
-            fprintf(stderr, "error: --eval needs the module (-k) and its document (-d/-D)\n");
-            return 1;
-        }
         if (modules.heldout.n_prompts == 0) {
             fprintf(stderr, "error: %s holds no held-out prompts to evaluate on\n", module_path);
             return 1;
@@ -268,10 +270,6 @@ int main(int argc, char **argv) {
         }
         evalresult_free(&random_split); evalresult_free(&challenge_split);
     } else if (compare) {
-        if (!module_path || !has_doc) {
-            fprintf(stderr, "error: --compare needs the module (-k) and its document (-d/-D)\n");
-            return 1;
-        }
         /* the same prompt and seed three ways; without a document the prompt starts with BOS */
         Document exact = {DOC_EXACT, n_doc, &cache, NULL}, none = {DOC_EXACT, 0, NULL, NULL};
         int *bos_prompt = xmalloc((n_prompt + 1) * sizeof(int));

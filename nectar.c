@@ -1547,12 +1547,12 @@ int tokenizer_load(Tokenizer *t, const char *path, int vocab_size) {
     memset(t, 0, sizeof *t);
     for (int i = 0; i < 256; i++) t->byte_pieces[2 * i] = (unsigned char)i; /* 2*i+1 stays 0 */
     if (vocab_size < 0) {
-        fprintf(stderr, "error: cannot load tokenizer '%s' with a negative vocab_size (%d).\n", path, vocab_size);
+        fprintf(stderr, "error: cannot load tokenizer %s with a negative vocab_size (%d)\n", path, vocab_size);
         return -1;
     }
     FILE *f = fopen(path, "rb");
     if (!f) {
-        fprintf(stderr, "error: cannot open tokenizer file '%s': %s.\n", path, strerror(errno));
+        fprintf(stderr, "error: cannot open tokenizer file %s: %s\n", path, strerror(errno));
         return -1;
     }
     if (fread(&mtl, 1, 4, f) != 4) { snprintf(err, sizeof err, "is too short to hold its 4-byte header"); goto fail; }
@@ -1613,7 +1613,7 @@ int tokenizer_load(Tokenizer *t, const char *path, int vocab_size) {
     return 0;
 fail:
     fclose(f);
-    fprintf(stderr, "error: tokenizer file '%s' %s.\n", path, err);
+    fprintf(stderr, "error: tokenizer file %s %s\n", path, err);
     tokenizer_free(t);
     return -1;
 }
@@ -1624,15 +1624,15 @@ static int byte_token(const Tokenizer *t, unsigned char b) {
 }
 
 int tokenizer_encode(const Tokenizer *t, const char *text, int bos, int eos, int *tokens, int max_tokens) {
-    if (!text) { fprintf(stderr, "error: cannot encode a NULL string.\n"); return -1; }
+    if (!text) { fprintf(stderr, "error: cannot encode a NULL string\n"); return -1; }
     size_t len = strlen(text);
-    if (len > INT_MAX - 3) { fprintf(stderr, "error: text of %zu bytes is too long to encode.\n", len); return -1; }
+    if (len > INT_MAX - 3) { fprintf(stderr, "error: text of %zu bytes is too long to encode\n", len); return -1; }
     /* at most BOS + dummy prefix + one token per byte + EOS */
     int *buf = malloc((len + 3) * sizeof *buf);
     /* room for two concatenated tokens, or one 4-byte code point, plus NUL */
     char *str = malloc((size_t)t->max_token_length * 2 + 5);
     int n = 0, ret = -1, id;
-    if (!buf || !str) { fprintf(stderr, "error: out of memory while encoding.\n"); goto done; }
+    if (!buf || !str) { fprintf(stderr, "error: out of memory while encoding\n"); goto done; }
 
     if (bos) buf[n++] = 1;
     if (len > 0) { /* sentencepiece's add_dummy_prefix */
@@ -1672,14 +1672,14 @@ int tokenizer_encode(const Tokenizer *t, const char *text, int bos, int eos, int
     }
     if (eos) buf[n++] = 2;
     if (n > max_tokens) {
-        fprintf(stderr, "error: the text encodes to %d tokens but there is room for only %d.\n", n, max_tokens);
+        fprintf(stderr, "error: the text encodes to %d tokens but there is room for only %d\n", n, max_tokens);
         goto done;
     }
     if (n > 0) memcpy(tokens, buf, (size_t)n * sizeof *buf);
     ret = n;
     goto done;
 no_bytes:
-    fprintf(stderr, "error: byte fallback needs token ids 3..258 but the vocab has only %d entries.\n", t->vocab_size);
+    fprintf(stderr, "error: byte fallback needs token ids 3..258 but the vocab has only %d entries\n", t->vocab_size);
 done:
     free(buf);
     free(str);
@@ -1698,11 +1698,11 @@ const char *tokenizer_decode(const Tokenizer *t, int prev_token, int token) {
 int read_token_ids(const char *path, int **ids) {
     *ids = NULL;
     FILE *f = fopen(path, "r");
-    if (!f) { fprintf(stderr, "error: cannot open token id file '%s': %s.\n", path, strerror(errno)); return -1; }
+    if (!f) { fprintf(stderr, "error: cannot open token id file %s: %s\n", path, strerror(errno)); return -1; }
     int n = 0, cap = 64, line = 1, c, ret = -1;
     int *a = malloc((size_t)cap * sizeof *a);
     char word[64];
-    if (!a) { fprintf(stderr, "error: out of memory reading '%s'.\n", path); goto done; }
+    if (!a) { fprintf(stderr, "error: out of memory reading %s\n", path); goto done; }
     for (;;) {
         while ((c = fgetc(f)) != EOF && isspace(c)) line += c == '\n';
         if (c == EOF) break;
@@ -1717,20 +1717,20 @@ int read_token_ids(const char *path, int **ids) {
         errno = 0;
         long v = strtol(word, &end, 10);
         if (bad || end == word || *end || errno == ERANGE || v < INT_MIN || v > INT_MAX) {
-            fprintf(stderr, "error: '%s' line %d: item %d (\"%s%s\") is not an integer.\n",
+            fprintf(stderr, "error: %s line %d: item %d (\"%s%s\") is not an integer\n",
                     path, line, n + 1, word, bad ? "..." : "");
             goto done;
         }
         if (n == cap) {
             int *b = cap <= INT_MAX / 2 ? realloc(a, (size_t)cap * 2 * sizeof *a) : NULL;
-            if (!b) { fprintf(stderr, "error: out of memory reading '%s'.\n", path); goto done; }
+            if (!b) { fprintf(stderr, "error: out of memory reading %s\n", path); goto done; }
             a = b;
             cap *= 2;
         }
         a[n++] = (int)v;
         line += c == '\n';
     }
-    if (ferror(f)) { fprintf(stderr, "error: read error in token id file '%s'.\n", path); goto done; }
+    if (ferror(f)) { fprintf(stderr, "error: read error in token id file %s\n", path); goto done; }
     *ids = a;
     a = NULL;
     ret = n;

@@ -224,8 +224,9 @@ void quad_init_from_cache(ModuleSet *s, const struct DocCache *doc);
 /* Forward of N queries q (N, d) -> a (N), A (N, d). Keeps what backward needs. */
 void module_forward(const ModuleSet *s, const Module *mod, ModuleWork *w,
                     const float *q, int N, float *a, float *A);
-/* Backward of the last module_forward (A its output): given da (N), dA (N, d), adds parameter gradients into
- * mod->grads and, if dq is not NULL, writes dq (N, d). */
+/* Backward of the last module_forward on w (A its output): given da (N) and
+ * dA (N, d), adds parameter gradients into mod->grads and, if dq is not
+ * NULL, writes dq (N, d). */
 void module_backward(const ModuleSet *s, const Module *mod, ModuleWork *w,
                      const float *q, int N, const float *A, const float *da, const float *dA, float *dq);
 
@@ -240,13 +241,14 @@ typedef struct DocCache {
     uint64_t fingerprint; /* hash of the document's token ids */
 } DocCache;
 
-/* Where the document's attention state comes from. */
-/* No document: DOC_EXACT with cache NULL (its state is empty, (0, -inf)). */
+/* Where the document's attention state comes from. No document: DOC_EXACT
+ * with cache NULL and n 0 (its state is empty, (0, -inf)). */
 typedef enum { DOC_EXACT = 1, DOC_NECTAR = 2 } DocMode;
 
 typedef struct {
     DocMode mode;
-    int n;                       /* local tokens sit at positions n, n+1, ... */
+    int n;                       /* document length (cache->n or modules->n_doc):
+                                    local tokens sit at positions n, n+1, ... */
     const DocCache *cache;       /* DOC_EXACT */
     const ModuleSet *modules;    /* DOC_NECTAR */
 } Document;

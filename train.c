@@ -13,6 +13,7 @@
  */
 #include "nectar.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,6 +62,11 @@ static void usage(FILE *f) {
         "  --help            this text\n");
 }
 
+/* the options that take a value, for the message when one comes last */
+static const char VALUE_OPTIONS[] = " -m -z -d -D -o --prompts --prompt-ids --checkpoint --resume --groups --arch --depths "
+    "--rho --lr --wd --warmup --lambda-alpha --lambda-A --lambda-kl --kl-prompts --loss --steps --batch --n-prompts "
+    "--prompt-len --answer-len --checkpoint-every --stop-after -s ";
+
 static int parse_options(int argc, char **argv, Options *o) {
     *o = (Options){.arch = ARCH_MLP, .rho = 0.1f, .lr = 1e-2f, .warmup_fraction = 0.05f,
                    .lambda_alpha = -1, .lambda_A = -1, .lambda_kl = -1, .kl_prompts = 2, .answer_len = 16,
@@ -71,7 +77,13 @@ static int parse_options(int argc, char **argv, Options *o) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
         if (!strcmp(a, "--json")) { o->json = 1; continue; }
-        if (i + 1 >= argc) { fprintf(stderr, "error: option %s needs a value (see --help)\n", a); return -1; }
+        if (i + 1 >= argc) {
+            char word[64];
+            snprintf(word, sizeof word, " %s ", a);
+            fprintf(stderr, "error: option %s %s (see --help)\n", a,
+                    strstr(VALUE_OPTIONS, word) ? "needs a value" : "is unknown");
+            return -1;
+        }
         const char *v = argv[++i];
         char *end = NULL;
         if (!strcmp(a, "-m")) o->model_path = v;
@@ -129,7 +141,7 @@ static int parse_options(int argc, char **argv, Options *o) {
     if (o->lambda_A < 0) o->lambda_A = preset == 2 ? 0.0f : 1.0f;
     if (o->lambda_kl < 0) o->lambda_kl = preset == 0 ? 0.0f : preset == 1 ? 0.01f : 1.0f;
     const char *why = NULL;
-    if (!o->model_path) why = "a model is required (-m)";
+    if (!o->model_path) why = "a model is required (-m); see --help";
     else if (!o->out_path) why = "an output file is required (-o OUT.nectar)";
     else if (!o->doc_text_path == !o->doc_ids_path) why = "give the document as -d DOC.txt or -D DOC.ids (one of them)";
     else if (!(o->rho > 0 && o->rho <= 100)) why = "--rho must be in (0, 100]";
@@ -144,6 +156,16 @@ static int parse_options(int argc, char **argv, Options *o) {
     else if (o->kl_prompts < 1 || o->kl_prompts > 64) why = "--kl-prompts must be in 1..64";
     if (why) { fprintf(stderr, "error: %s\n", why); return -1; }
     if (o->checkpoint_every <= 0) o->checkpoint_every = o->steps / 4 > 0 ? o->steps / 4 : 1;
+    /* find out now, not after the fitting, that the output cannot be written */
+    const char *outputs[2] = {o->out_path, o->checkpoint_path};
+    for (int k = 0; k < 2 && outputs[k]; k++) {
+        char probe[4096];
+        snprintf(probe, sizeof probe, "%s.tmp", outputs[k]);
+        FILE *f = fopen(probe, "wb");
+        if (!f) { fprintf(stderr, "error: cannot write %s: %s\n", probe, strerror(errno)); return -1; }
+        fclose(f);
+        remove(probe);
+    }
     return 0;
 }
 
