@@ -149,8 +149,11 @@ static int parse_options(int argc, char **argv, Options *o) {
              o->depth_backbone + o->depth_score + o->depth_target < 1 ||
              o->depth_backbone + o->depth_score + o->depth_target > 64)
         why = "--depths B,S,T must be >= 0 with 1 <= B+S+T <= 64";
-    else if (o->steps < 0 || o->batch < 1 || o->n_prompts < 0 || o->prompt_len < 2 || o->answer_len < 0) why = "need --steps >= 0 (0: evaluate the initial modules), --batch >= 1, --n-prompts >= 0, --prompt-len >= 2, --answer-len >= 0";
-    else if (!(o->lr > 0) || o->weight_decay < 0 || o->warmup_fraction < 0 || o->warmup_fraction >= 1) why = "need --lr > 0, --wd >= 0 and --warmup in [0, 1)";
+    else if (o->steps < 0 || o->batch < 1 || o->n_prompts < 0 || o->prompt_len < 2 || o->answer_len < 0)
+        why = "need --steps >= 0 (0: evaluate the initial modules), --batch >= 1, --n-prompts >= 0, "
+              "--prompt-len >= 2, --answer-len >= 0";
+    else if (!(o->lr > 0) || o->weight_decay < 0 || o->warmup_fraction < 0 || o->warmup_fraction >= 1)
+        why = "need --lr > 0, --wd >= 0 and --warmup in [0, 1)";
     else if (o->lambda_alpha < 0 || o->lambda_A < 0 || o->lambda_kl < 0 || o->lambda_alpha + o->lambda_A + o->lambda_kl == 0)
         why = "the loss weights must be >= 0 and not all 0";
     else if (o->kl_prompts < 1 || o->kl_prompts > 64) why = "--kl-prompts must be in 1..64";
@@ -172,7 +175,7 @@ static int parse_options(int argc, char **argv, Options *o) {
 /* ------------------------------------------------------------------------ */
 /* Prompts                                                                  */
 
-typedef struct { int n, cap_prompts, cap_tokens; PromptSet set; } PromptBuilder;
+typedef struct { int cap_prompts, cap_tokens; PromptSet set; } PromptBuilder;  /* a growing PromptSet */
 
 static void add_prompt(PromptBuilder *b, const int *tokens, int len) {
     PromptSet *p = &b->set;
