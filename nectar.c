@@ -489,7 +489,6 @@ int moduleset_alloc(ModuleSet *s, ModuleArch arch, int L, int G, int d,
         }
         for (int g = 0; g < G; g++) {
             Module *mod = &s->modules[l * G + g];
-            mod->d = d;
             mod->width = arch == ARCH_MLP ? size_per_layer[l] : 0;
             mod->n_pairs = arch == ARCH_QUAD ? size_per_layer[l] : 0;
             mod->input_scale = 1.0f;

@@ -141,7 +141,6 @@ void gate_merge(int d, const float *A_doc, float a_doc, const float *A_loc,
 typedef enum { ARCH_MLP = 1, ARCH_QUAD = 2 } ModuleArch;
 
 typedef struct {
-    int d;              /* head size */
     int width;          /* w (MLP) */
     int n_pairs;        /* p (quadrature) */
     float input_scale;  /* MLP input x = input_scale * q (not trained) */
