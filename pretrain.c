@@ -73,14 +73,22 @@ typedef struct {
  * Bytes are ids byte + 3. weight (the loss weight of predicting each byte)
  * follows the bytes; the inserted spaces get CORPUS_PROMPT_WEIGHT. Token t + 1
  * is predicted at position t, with weight out_weight[t]. Returns the count. */
+/* Appends byte b as token b + 3, predicted from the previous position with
+ * weight wt. */
+static void push_byte(int *tokens, float *out_weight, int *n, unsigned char b, float wt) {
+    tokens[*n] = b + 3;
+    out_weight[*n - 1] = wt;
+    (*n)++;
+}
+
 static int to_tokens(const char *doc, int doc_len, const char *rest, int rest_len, const float *doc_weight,
                      const float *rest_weight, int *tokens, float *out_weight) {
-    int n = 0;
-    tokens[n++] = 1;
-    tokens[n] = ' ' + 3; out_weight[n++ - 1] = CORPUS_PROMPT_WEIGHT;
-    for (int i = 0; i < doc_len; i++) { tokens[n] = (unsigned char)doc[i] + 3; out_weight[n++ - 1] = doc_weight ? doc_weight[i] : 0; }
-    if (doc_len > 0) { tokens[n] = ' ' + 3; out_weight[n++ - 1] = CORPUS_PROMPT_WEIGHT; }
-    for (int i = 0; i < rest_len; i++) { tokens[n] = (unsigned char)rest[i] + 3; out_weight[n++ - 1] = rest_weight ? rest_weight[i] : 0; }
+    int n = 1;
+    tokens[0] = 1;  /* BOS */
+    push_byte(tokens, out_weight, &n, ' ', CORPUS_PROMPT_WEIGHT);
+    for (int i = 0; i < doc_len; i++) push_byte(tokens, out_weight, &n, doc[i], doc_weight ? doc_weight[i] : 0);
+    if (doc_len > 0) push_byte(tokens, out_weight, &n, ' ', CORPUS_PROMPT_WEIGHT);
+    for (int i = 0; i < rest_len; i++) push_byte(tokens, out_weight, &n, rest[i], rest_weight ? rest_weight[i] : 0);
     return n;
 }
 
