@@ -268,7 +268,8 @@ int main(int argc, char **argv) {
            "of sgemm at %d x (%d x %d) (%.1f GFLOP/s)\n", width, batch, qps, fit_gflops, 100 * fit_gflops / g_fit,
            batch, width, width, g_fit);
     /* amortisation at the longest document, for 64 generated tokens per request */
-    double steps = 1500, fit_seconds = steps * batch * c->n_layers * c->n_kv_heads / qps;
+    /* train's defaults: 6000 steps of 64 positions, every query head of a group */
+    double steps = 6000, fit_seconds = steps * batch * c->n_layers * c->n_kv_heads / qps;
     double per_request_full = full.ttft_ms / 1e3 + 64 / reused.decode_tps;
     double per_request_reused = reused.ttft_ms / 1e3 + 64 / reused.decode_tps;
     double per_request_nectar = n10.ttft_ms / 1e3 + 64 / n10.decode_tps;
@@ -278,11 +279,11 @@ int main(int argc, char **argv) {
     printf("  per request: full prefill %.3f s, reused KV cache %.3f s, Nectar %.3f s\n", per_request_full,
            per_request_reused, per_request_nectar);
     if (per_request_full > per_request_nectar)
-        printf("  break-even against full prefill after %.0f requests\n", fit_seconds / (per_request_full - per_request_nectar));
+        printf("  break-even against full prefill after %.0f requests\n", ceil(fit_seconds / (per_request_full - per_request_nectar)));
     else
         printf("  against full prefill Nectar saves no time per request: no break-even\n");
     if (per_request_reused > per_request_nectar)
-        printf("  break-even against a reused KV cache after %.0f requests\n", fit_seconds / (per_request_reused - per_request_nectar));
+        printf("  break-even against a reused KV cache after %.0f requests\n", ceil(fit_seconds / (per_request_reused - per_request_nectar)));
     else
         printf("  against a reused KV cache Nectar saves no time per request: no break-even (it saves memory only)\n");
     fprintf(stderr, "bench took %.0f s\n", now_seconds() - t_start);
