@@ -513,7 +513,7 @@ void moduleset_free(ModuleSet *s) {
     memset(s, 0, sizeof(*s));
 }
 
-void modulework_alloc(ModuleWork *w, const ModuleSet *s, int max_q) {
+void modulework_shape(ModuleWork *w, const ModuleSet *s, int max_q) {
     memset(w, 0, sizeof(*w));
     w->max_q = max_q;
     w->n_hidden = s->arch == ARCH_MLP ? s->depth_backbone + s->depth_score + s->depth_target : 0;
@@ -521,6 +521,10 @@ void modulework_alloc(ModuleWork *w, const ModuleSet *s, int max_q) {
         if (s->modules[i].width > w->max_width) w->max_width = s->modules[i].width;
         if (s->modules[i].n_pairs > w->max_pairs) w->max_pairs = s->modules[i].n_pairs;
     }
+}
+
+void modulework_alloc(ModuleWork *w, const ModuleSet *s, int max_q) {
+    modulework_shape(w, s, max_q);
     size_t N = max_q, d = s->head_size, hidden = (size_t)w->n_hidden * N * w->max_width;
     size_t wide = w->max_pairs > w->max_width ? w->max_pairs : w->max_width;
     w->x = xmalloc(N * d * sizeof(float));

@@ -211,6 +211,8 @@ typedef struct {
     float *tmp;     /* (N, max(p, w)) */
 } ModuleWork;
 
+/* Sets the counts (max_q, widest module, most pairs, hidden layers) only. */
+void modulework_shape(ModuleWork *w, const ModuleSet *s, int max_q);
 void modulework_alloc(ModuleWork *w, const ModuleSet *s, int max_q);
 void modulework_free(ModuleWork *w);
 /* Random init (seeded). MLP: hidden N(0, 1/fan_in), output weights 0 and

@@ -346,13 +346,7 @@ void merge_states_cuda(int n, int d, const float *A1, const float *lse1,
  * to a device pointer. */
 
 void modulework_alloc_cuda(ModuleWork *w, const ModuleSet *s, int max_q) {
-    memset(w, 0, sizeof(*w));
-    w->max_q = max_q;
-    w->n_hidden = s->arch == ARCH_MLP ? s->depth_backbone + s->depth_score + s->depth_target : 0;
-    for (int i = 0; i < s->n_layers * s->n_kv_heads; i++) {
-        if (s->modules[i].width > w->max_width) w->max_width = s->modules[i].width;
-        if (s->modules[i].n_pairs > w->max_pairs) w->max_pairs = s->modules[i].n_pairs;
-    }
+    modulework_shape(w, s, max_q);
     size_t N = max_q, d = s->head_size, hidden = (size_t)w->n_hidden * N * w->max_width;
     size_t wide = w->max_pairs > w->max_width ? w->max_pairs : w->max_width;
     w->x = (float *)cuda_xmalloc(N * d * sizeof(float));         /* (N, d) */

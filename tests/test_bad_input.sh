@@ -4,10 +4,7 @@
 # usage: tests/test_bad_input.sh BINDIR   (BINDIR holds infer and train)
 set -u
 bin=${1:-.}
-# Leaks are checked on runs that succeed; a run that stops on an error exits
-# at once without freeing, so only memory errors and UB are checked there.
-export ASAN_OPTIONS=${ASAN_OPTIONS:-}:exitcode=99:detect_leaks=1
-export UBSAN_OPTIONS=halt_on_error=1:exitcode=98:print_stacktrace=1
+. "$(dirname "$0")/sanitizers.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 model=tests/data/ref_gqa.bin   # dim 48, hidden 128, 2 layers, 6/2 heads, vocab 300, seq_len 64

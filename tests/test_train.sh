@@ -5,10 +5,7 @@
 # usage: tests/test_train.sh [BINDIR]   (BINDIR holds infer and train)
 set -u
 bin=${1:-.}
-# Leaks are checked on runs that succeed; a run that stops on an error exits
-# at once without freeing, so only memory errors and UB are checked there.
-export ASAN_OPTIONS=${ASAN_OPTIONS:-}:exitcode=99:detect_leaks=1
-export UBSAN_OPTIONS=halt_on_error=1:exitcode=98:print_stacktrace=1
+. "$(dirname "$0")/sanitizers.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 passed=0 failed=0
