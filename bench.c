@@ -29,11 +29,12 @@ typedef struct {
     double state_bytes;   /* the document's state: KV cache or module */
 } Measure;
 
-/* FLOPs of the forward of `ntok` tokens after `ctx` earlier ones: the
- * matmuls, 2 per multiply-add, and attention (QK and PV) over what each sees. */
-static double forward_flops(const Config *c, double ntok, double ctx) {
+/* FLOPs of the forward of `ntok` tokens after `ctx` earlier ones, with the
+ * logits of `logit_rows` of them: the matmuls, 2 per multiply-add, and
+ * attention (QK and PV) over what each token sees. */
+static double forward_flops(const Config *c, double ntok, double ctx, double logit_rows) {
     double D = c->dim, F = c->hidden_dim, KVD = (double)c->dim / c->n_heads * c->n_kv_heads;
-    double matmul = 2.0 * ntok * (2 * D * D + 2 * D * KVD + 3 * D * F) * c->n_layers + 2.0 * ntok * D * c->vocab_size;
+    double matmul = 2.0 * ntok * (2 * D * D + 2 * D * KVD + 3 * D * F) * c->n_layers + 2.0 * logit_rows * D * c->vocab_size;
     double attention = 4.0 * D * c->n_layers * (ntok * ctx + ntok * (ntok + 1) / 2);
     return matmul + attention;
 }
@@ -87,7 +88,7 @@ static Measure run_config(const Model *m, RunKind kind, const int *doc_ids, int 
     double t1 = now_seconds();
     r.ttft_ms = (t1 - t0) * 1e3;
     if (kind == RUN_FULL_PREFILL)
-        r.prefill_gflops = (forward_flops(c, n, 0) + forward_flops(c, PROMPT, n)) / (t1 - t0) / 1e9;
+        r.prefill_gflops = (forward_flops(c, n, 0, 0) + forward_flops(c, PROMPT, n, 1)) / (t1 - t0) / 1e9;
     for (int i = 0; i < DECODE; i++) forward(m, &s, &doc, &prompt[PROMPT + i], 1, PROMPT + i, LOGITS_LAST);
     r.decode_tps = DECODE / (now_seconds() - t1);
     struct rusage ru;
@@ -219,7 +220,7 @@ int main(int argc, char **argv) {
         forward(&m, &block_state, &none, block, BLOCK, 0, LOGITS_LAST);
         n_blocks++;
     }
-    double block_gflops = n_blocks * forward_flops(c, BLOCK, 0) / (now_seconds() - t_blocks) / 1e9;
+    double block_gflops = n_blocks * forward_flops(c, BLOCK, 0, 1) / (now_seconds() - t_blocks) / 1e9;
     runstate_free(&block_state);
     free(block);
 
@@ -239,6 +240,7 @@ int main(int argc, char **argv) {
            "| KV state | module 2%% | module 10%% |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     Measure full = {0}, reused = {0}, n10 = {0};  /* kept from the longest document */
+    int longest = min_doc;
     for (int n = min_doc; n <= max_doc; n *= 2) {
         int *doc_ids = xmalloc(n * sizeof(int));
         doc_ids[0] = 1;
@@ -256,11 +258,12 @@ int main(int argc, char **argv) {
                n10.decode_tps / none.decode_tps, none.decode_tps, 1e3 / reused.decode_tps, full.peak_mb, reused.peak_mb,
                n2.peak_mb, n10.peak_mb, none.peak_mb, full.state_bytes / 1e6, n2.state_bytes / 1e6, n10.state_bytes / 1e6);
         fflush(stdout);
+        longest = n;
         free(doc_ids);
     }
 
     /* module fitting: the rho 10% module of the longest document */
-    int width = mlp_width(c, max_doc, 0.10f), batch = 64 * (c->n_heads / c->n_kv_heads);
+    int width = mlp_width(c, longest, 0.10f), batch = 64 * (c->n_heads / c->n_kv_heads);
     double qps, fit_gflops;
     fit_throughput(d, width, batch, &qps, &fit_gflops);
     double g_fit = sgemm_gflops(batch, width, width);
@@ -270,11 +273,11 @@ int main(int argc, char **argv) {
     /* amortisation at the longest document, for 64 generated tokens per request */
     /* train's defaults: 6000 steps of 64 positions, every query head of a group */
     double steps = 6000, fit_seconds = steps * batch * c->n_layers * c->n_kv_heads / qps;
-    double per_request_full = full.ttft_ms / 1e3 + 64 / reused.decode_tps;
+    double per_request_full = full.ttft_ms / 1e3 + 64 / full.decode_tps;
     double per_request_reused = reused.ttft_ms / 1e3 + 64 / reused.decode_tps;
     double per_request_nectar = n10.ttft_ms / 1e3 + 64 / n10.decode_tps;
     printf("amortisation at %d tokens (rho 10%%, %g steps x %d queries x %d modules = %.0f s of fitting, not counting "
-           "the teacher pass; requests of %d prompt + 64 generated tokens):\n", max_doc, steps, batch, c->n_layers * c->n_kv_heads,
+           "the teacher pass; requests of %d prompt + 64 generated tokens):\n", longest, steps, batch, c->n_layers * c->n_kv_heads,
            fit_seconds, PROMPT);
     printf("  per request: full prefill %.3f s, reused KV cache %.3f s, Nectar %.3f s\n", per_request_full,
            per_request_reused, per_request_nectar);

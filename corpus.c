@@ -33,7 +33,7 @@ static const char *const LANDMARKS[] = {"river", "hill", "lake", "forest", "towe
 static int rnd(uint64_t *rng, int n) { return (int)(rng_u32(rng) % (uint32_t)n); }
 
 /* A capitalized word of n syllables (onset? vowel), the last with a coda:
- * at most 6 bytes a syllable. */
+ * at most 4 bytes a syllable and 1 of coda. */
 static void make_name(uint64_t *rng, int n, char *out) {
     out[0] = '\0';
     for (int i = 0; i < n; i++) {

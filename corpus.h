@@ -35,7 +35,7 @@
 #define CORPUS_DOC_MAX 220
 #define CORPUS_TASK_MAX 72        /* no task is longer (tests check it) */
 /* corpus_sample's smallest cap, and the cap from which its documents use the
- * full 100..220 range (below it they are at most cap - 1 - CORPUS_TASK_MAX). */
+ * full 100..220 range (below it they are at most cap - 2 - CORPUS_TASK_MAX). */
 #define CORPUS_MIN_CAP 128
 #define CORPUS_FULL_CAP (CORPUS_DOC_MAX + 1 + CORPUS_TASK_MAX + 1)
 

@@ -382,7 +382,8 @@ void merge_states(int d, const float *A1, float lse1, const float *A2, float lse
 /* Backward of the merge's A (its lse is not used downstream). With
  * g = w1 / (w1 + w2) = sigmoid(lse1 - lse2), A = g A1 + (1 - g) A2:
  *   dA1 = g dA,  dA2 = (1 - g) dA,  dlse1 = -dlse2 = g (1 - g) dA . (A1 - A2).
- * An empty side (lse -inf) gets no gradient. */
+ * An empty first side (lse1 -inf, g 0) gets no gradient; when both are
+ * empty the second takes dA (the merged A is 0 either way). */
 void merge_states_backward(int d, const float *A1, float lse1, const float *A2, float lse2,
                            const float *dA, float *dA1, float *dlse1, float *dA2, float *dlse2) {
     float m = lse1 > lse2 ? lse1 : lse2;
@@ -681,6 +682,13 @@ void module_backward(const ModuleSet *s, const Module *mod, ModuleWork *w,
     }
     if (dq)  /* x = input_scale q */
         for (size_t j = 0; j < (size_t)N * d; j++) dq[j] = mod->input_scale * w->dx[j];
+}
+
+int promptset_max_len(const PromptSet *p) {
+    int max_len = 1;
+    for (int i = 0; i < p->n_prompts; i++)
+        if (p->offsets[i + 1] - p->offsets[i] > max_len) max_len = p->offsets[i + 1] - p->offsets[i];
+    return max_len;
 }
 
 void promptset_free(PromptSet *p) {
@@ -1069,12 +1077,19 @@ int forward(const Model *m, RunState *s, const Document *doc, const int *tokens,
         return -1;
     }
     if (check_tokens(m, tokens, ntok, "forward") != 0) return -1;
+    int doc_n = doc->mode == DOC_NECTAR ? doc->modules->n_doc : doc->cache ? doc->cache->n : 0;
+    if (doc->n != doc_n) {
+        fprintf(stderr, "error: the document is %d tokens, but its %s stands for %d\n", doc->n,
+                doc->mode == DOC_NECTAR ? "module set" : "cache", doc_n);
+        return -1;
+    }
     if (doc->mode == DOC_EXACT && doc->cache && doc->cache->n > s->max_doc) {
         fprintf(stderr, "error: the run state was sized for a document of %d tokens, not %d\n",
                 s->max_doc, doc->cache->n);
         return -1;
     }
     s->block_pos = pos;
+    s->block_ntok = ntok;
     for (int t = 0; t < ntok; t++)
         memcpy(s->x + (size_t)t * D, m->w.token_embedding + (size_t)tokens[t] * D, D * sizeof(float));
     for (int l = 0; l < c->n_layers; l++) {
@@ -1093,6 +1108,26 @@ int forward(const Model *m, RunState *s, const Document *doc, const int *tokens,
 
 /* ------------------------------------------------------------------------ */
 /* Backward pass: each step quotes the forward line it differentiates       */
+
+/* Backward of local_states for a block from local position 0: causal
+ * attention over the block's own keys, recomputed head by head; writes dq
+ * and the block's dk, dv (GQA heads add into their KV head). */
+static void local_states_backward(const Model *m, RunState *s, int l, int ntok) {
+    const Config *c = &m->config;
+    int D = c->dim, H = c->n_heads, d = D / H, KVD = d * c->n_kv_heads, group = H / c->n_kv_heads;
+    memset(s->dq, 0, (size_t)ntok * D * sizeof(float));
+    memset(s->dk, 0, (size_t)ntok * KVD * sizeof(float));
+    memset(s->dv, 0, (size_t)ntok * KVD * sizeof(float));
+    size_t layer = (size_t)l * s->capacity * KVD;
+    for (int h = 0; h < H; h++) {
+        size_t kv = layer + (size_t)(h / group) * d;
+        attention_states(ntok, ntok, d, s->q + h * d, D, s->key_cache + kv, s->value_cache + kv, KVD, 1,
+                         s->loc_A + h * d, D, s->loc_lse + h, H, s->scores);
+        attention_states_backward(ntok, ntok, d, s->q + h * d, D, s->key_cache + kv, s->value_cache + kv, KVD,
+                                  s->loc_A + h * d, s->dloc_A + h * d, D, s->dloc_lse + h, H, s->scores,
+                                  s->dq + h * d, s->dk + (h / group) * d, s->dv + (h / group) * d, s->tmp);
+    }
+}
 
 /* Exact: backward through the document's state into the queries (the cache
  * itself is frozen). P is recomputed head by head. */
@@ -1137,7 +1172,6 @@ static void layer_backward(const Model *m, RunState *s, const Document *doc, int
     const Config *c = &m->config;
     const Weights *w = &m->w;
     int D = c->dim, F = c->hidden_dim, H = c->n_heads, d = D / H, KVD = d * c->n_kv_heads;
-    int group = H / c->n_kv_heads;
     memcpy(s->x, s->saved_x + (size_t)l * s->max_block * D, (size_t)ntok * D * sizeof(float));
     layer_forward(m, s, doc, l, ntok, 0);
     const float *x_in = s->saved_x + (size_t)l * s->max_block * D;
@@ -1172,19 +1206,7 @@ static void layer_backward(const Model *m, RunState *s, const Document *doc, int
                                   s->datt + row, s->ddoc_A + row, &s->ddoc_lse[head], s->dloc_A + row,
                                   &s->dloc_lse[head]);
         }
-    /* local state: causal attention over the block's own keys (local position 0 on) */
-    memset(s->dq, 0, (size_t)ntok * D * sizeof(float));
-    memset(s->dk, 0, (size_t)ntok * KVD * sizeof(float));
-    memset(s->dv, 0, (size_t)ntok * KVD * sizeof(float));
-    size_t layer = (size_t)l * s->capacity * KVD;
-    for (int h = 0; h < H; h++) {
-        size_t kv = layer + (size_t)(h / group) * d;
-        attention_states(ntok, ntok, d, s->q + h * d, D, s->key_cache + kv, s->value_cache + kv, KVD, 1,
-                         s->loc_A + h * d, D, s->loc_lse + h, H, s->scores);
-        attention_states_backward(ntok, ntok, d, s->q + h * d, D, s->key_cache + kv, s->value_cache + kv, KVD,
-                                  s->loc_A + h * d, s->dloc_A + h * d, D, s->dloc_lse + h, H, s->scores,
-                                  s->dq + h * d, s->dk + (h / group) * d, s->dv + (h / group) * d, s->tmp);
-    }
+    local_states_backward(m, s, l, ntok);
     /* document state: the one place where the two paths differ */
     if (doc->mode == DOC_NECTAR) document_states_nectar_backward(m, s, doc->modules, l, ntok);
     else document_states_exact_backward(m, s, doc->cache, l, ntok);
@@ -1211,7 +1233,7 @@ int backward(const Model *m, RunState *s, const Document *doc, const int *tokens
              const float *dlogits, Weights *dw) {
     const Config *c = &m->config;
     int D = c->dim, V = c->vocab_size, L = c->n_layers;
-    if (!s->saved_x || ntok > s->max_block || s->block_pos != 0) {
+    if (!s->saved_x || ntok != s->block_ntok || s->block_pos != 0) {
         fprintf(stderr, "error: backward needs a run state with backward enabled and the block just run from position 0\n");
         return -1;
     }
@@ -1307,11 +1329,7 @@ int evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const Pro
     memset(r, 0, sizeof(*r));
     r->score_mse_layer = xmalloc(L * sizeof(double));
     r->target_mse_layer = xmalloc(L * sizeof(double));
-    int max_len = 1;
-    for (int i = 0; i < prompts->n_prompts; i++) {
-        int len = prompts->offsets[i + 1] - prompts->offsets[i];
-        max_len = len > max_len ? len : max_len;
-    }
+    int max_len = promptset_max_len(prompts);
     if (ms->n_doc != doc->n) {
         fprintf(stderr, "error: the modules stand for a document of %d tokens, not %d\n", ms->n_doc, doc->n);
         return -1;

@@ -157,6 +157,8 @@ typedef struct {
     unsigned char *challenge; /* (n_prompts) 1: in the challenge split */
 } PromptSet;
 
+/* The longest prompt's length (at least 1). */
+int  promptset_max_len(const PromptSet *p);
 void promptset_free(PromptSet *p);
 
 typedef struct {
@@ -292,7 +294,7 @@ typedef struct {
     float *ddoc_A, *dloc_A, *ddoc_lse, *dloc_lse;   /* (B, D), (B, D), (B, H), (B, H) */
     float *dmq, *dma, *dmA;                         /* module twins: (B * H, d), (B * H), (B * H, d) */
     float *tmp;         /* (B, max(n, capacity)) */
-    int block_pos;      /* local position of the last forward's block */
+    int block_pos, block_ntok;  /* local position and length of the last forward's block */
 } RunState;
 
 void runstate_alloc(RunState *s, const Model *m, const Document *doc, int max_block, int capacity);

@@ -27,8 +27,8 @@ enum { N_WORKERS = 2 };
 
 typedef struct {
     const char *out_dir, *eval_dir;
-    int steps, batch, threads, eval_docs;
-    float lr, p_copy_start, p_copy_end, weight_decay;
+    int steps, batch, eval_docs;
+    float lr, p_copy_start, p_copy_end;
     unsigned long long seed;
 } Options;
 
@@ -67,12 +67,6 @@ typedef struct {
     long tokens_done;
 } Worker;
 
-/* Tokens as the tokenizer gives them when the document (or nothing) and the
- * text after it are encoded apart, llama2.c-style with a leading space each:
- *   BOS, ' ', doc[0..doc_len), ' ', rest...        (doc_len 0: BOS, ' ', rest)
- * Bytes are ids byte + 3. weight (the loss weight of predicting each byte)
- * follows the bytes; the inserted spaces get CORPUS_PROMPT_WEIGHT. Token t + 1
- * is predicted at position t, with weight out_weight[t]. Returns the count. */
 /* Appends byte b as token b + 3, predicted from the previous position with
  * weight wt. */
 static void push_byte(int *tokens, float *out_weight, int *n, unsigned char b, float wt) {
@@ -81,6 +75,12 @@ static void push_byte(int *tokens, float *out_weight, int *n, unsigned char b, f
     (*n)++;
 }
 
+/* Tokens as the tokenizer gives them when the document (or nothing) and the
+ * text after it are encoded apart, llama2.c-style with a leading space each:
+ *   BOS, ' ', doc[0..doc_len), ' ', rest...        (doc_len 0: BOS, ' ', rest)
+ * Bytes are ids byte + 3. weight (the loss weight of predicting each byte)
+ * follows the bytes; the inserted spaces get CORPUS_PROMPT_WEIGHT. Token t + 1
+ * is predicted at position t, with weight out_weight[t]. Returns the count. */
 static int to_tokens(const char *doc, int doc_len, const char *rest, int rest_len, const float *doc_weight,
                      const float *rest_weight, int *tokens, float *out_weight) {
     int n = 1;
@@ -262,14 +262,14 @@ static int pretrain(const Options *o) {
         int warmup = o->steps / 50 + 1;
         float lr = step < warmup ? o->lr * (step + 1) / warmup
                  : o->lr * (0.1f + 0.45f * (1.0f + cosf(3.14159265f * (step - warmup) / (o->steps - warmup))));
-        /* AdamW, as in train.c */
+        /* Adam (no weight decay), beta2 0.95 as is usual for pretraining */
         const float b1 = 0.9f, b2 = 0.95f, eps = 1e-8f;
         float c1 = 1.0f - powf(b1, step + 1), c2 = 1.0f - powf(b2, step + 1);
         for (size_t i = 0; i < m.n_params; i++) {
             float gi = g[i] * clip;
             adam_m[i] = b1 * adam_m[i] + (1 - b1) * gi;
             adam_v[i] = b2 * adam_v[i] + (1 - b2) * gi * gi;
-            m.params[i] -= lr * ((adam_m[i] / c1) / (sqrtf(adam_v[i] / c2) + eps) + o->weight_decay * m.params[i]);
+            m.params[i] -= lr * ((adam_m[i] / c1) / (sqrtf(adam_v[i] / c2) + eps));
         }
         loss /= weight_sum;
         smooth = step ? 0.98 * smooth + 0.02 * loss : loss;
@@ -372,7 +372,7 @@ static int evaluate_reading(const Options *o) {
 
 int main(int argc, char **argv) {
     Options o = {.steps = 6000, .batch = 16, .lr = 2e-3f, .p_copy_start = 0.6f, .p_copy_end = 0.25f,
-                 .weight_decay = 0.0f, .eval_docs = 200, .seed = 1};
+                 .eval_docs = 200, .seed = 1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }

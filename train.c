@@ -157,6 +157,7 @@ static int parse_options(int argc, char **argv, Options *o) {
     else if (o->lambda_alpha < 0 || o->lambda_A < 0 || o->lambda_kl < 0 || o->lambda_alpha + o->lambda_A + o->lambda_kl == 0)
         why = "the loss weights must be >= 0 and not all 0";
     else if (o->kl_prompts < 1 || o->kl_prompts > 64) why = "--kl-prompts must be in 1..64";
+    else if (o->stop_after > 0 && !o->checkpoint_path) why = "--stop-after needs --checkpoint, or the fit is lost";
     if (why) { fprintf(stderr, "error: %s\n", why); return -1; }
     if (o->checkpoint_every <= 0) o->checkpoint_every = o->steps / 4 > 0 ? o->steps / 4 : 1;
     /* find out now, not after the fitting, that the output cannot be written */
@@ -316,14 +317,13 @@ typedef struct {
 static void teacher_pass(const Model *m, const Document *doc, const PromptSet *p, const unsigned char *is_train,
                          int keep_logits, TeacherData *td, float *embed) {
     const Config *c = &m->config;
-    int L = c->n_layers, D = c->dim, H = c->n_heads, max_len = 1;
+    int L = c->n_layers, D = c->dim, H = c->n_heads, max_len = promptset_max_len(p);
     td->P = 0;
     td->n_train = 0;
     td->prompt = xmalloc(p->n_prompts * sizeof(int));
     td->start = xmalloc(p->n_prompts * sizeof(long));
     for (int i = 0; i < p->n_prompts; i++) {
         int len = p->offsets[i + 1] - p->offsets[i];
-        max_len = len > max_len ? len : max_len;
         if (!is_train[i]) continue;
         td->prompt[td->n_train] = i;
         td->start[td->n_train++] = td->P;
@@ -668,9 +668,7 @@ int main(int argc, char **argv) {
     /* the student for the KL term: the Nectar model, teacher-forced on a prompt */
     Document student_doc = {DOC_NECTAR, n_doc, NULL, &ms};
     RunState student;
-    int max_len = 1;
-    for (int i = 0; i < all->n_prompts; i++)
-        if (all->offsets[i + 1] - all->offsets[i] > max_len) max_len = all->offsets[i + 1] - all->offsets[i];
+    int max_len = promptset_max_len(all);
     float *dlogits = NULL;
     if (o.lambda_kl > 0) {
         runstate_alloc(&student, &model, &student_doc, max_len, max_len);
