@@ -68,7 +68,7 @@ pretrain: pretrain.c corpus.c corpus.h nectar.c nectar.h | check-blas
 tests/test_corpus: tests/test_corpus.c corpus.c corpus.h nectar.c nectar.h | check-blas
 	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ tests/test_corpus.c corpus.c nectar.c $(BLAS_LIBS) $(LDLIBS)
 
-tests/test_core: tests/test_core.c nectar.c nectar.h | check-blas
+tests/test_core: tests/test_core.c tests/check.h nectar.c nectar.h | check-blas
 	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ tests/test_core.c $(BLAS_LIBS) $(LDLIBS)
 
 tests/random_model: tests/random_model.c nectar.c nectar.h | check-blas
@@ -83,13 +83,13 @@ build-asan/train: train.c nectar.c nectar.h | check-blas
 	@mkdir -p build-asan
 	$(CC) $(SAN_FLAGS) -std=c11 -D_GNU_SOURCE $(BLAS_CFLAGS) -o $@ train.c nectar.c $(BLAS_LIBS) $(LDLIBS)
 
-build-asan/test_core: tests/test_core.c nectar.c nectar.h | check-blas
+build-asan/test_core: tests/test_core.c tests/check.h nectar.c nectar.h | check-blas
 	@mkdir -p build-asan
 	$(CC) $(SAN_FLAGS) -std=c11 -D_GNU_SOURCE $(BLAS_CFLAGS) -o $@ tests/test_core.c $(BLAS_LIBS) $(LDLIBS)
 
 # CUDA kernels against the CPU reference: built only where nvcc is found;
 # without a GPU the test prints SKIP and passes.
-tests/test_cuda: tests/test_cuda.cu tests/test_cuda_ref.c nectar_cuda.cu nectar_cuda.h nectar.c nectar.h | check-blas
+tests/test_cuda: tests/test_cuda.cu tests/check.h tests/test_cuda_ref.c nectar_cuda.cu nectar_cuda.h nectar.c nectar.h | check-blas
 	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -c tests/test_cuda_ref.c -o tests/test_cuda_ref.o
 	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) -c nectar_cuda.cu -o nectar_cuda.o
 	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) -c tests/test_cuda.cu -o tests/test_cuda.o

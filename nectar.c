@@ -1164,6 +1164,7 @@ static void document_states_nectar_backward(const Model *m, RunState *s, const M
     }
 }
 
+/* layer l's slice of a per-layer gradient tensor; NULL when not asked for */
 #define LAYER(ptr, l, size) ((ptr) ? (ptr) + (size_t)(l) * (size) : NULL)
 
 /* Backward of layer_forward: s->dx holds dL/d(output x); on return it
@@ -1178,7 +1179,7 @@ static void layer_backward(const Model *m, RunState *s, const Document *doc, int
 
     /* x = x_mid + hgate W2^T */
     input_grad(ntok, F, D, s->dx, w->w2 + (size_t)l * D * F, 0.0f, s->dhgate);
-    weight_grad(ntok, F, D, s->dx, s->hgate, LAYER(dw ? dw->w2 : NULL, l, (size_t)D * F));
+    weight_grad(ntok, F, D, s->dx, s->hgate, LAYER(dw->w2, l, (size_t)D * F));
     /* hgate = SiLU(hb) * hb2 */
     for (size_t i = 0; i < (size_t)ntok * F; i++) {
         float sg = 1.0f / (1.0f + expf(-s->hb[i]));
@@ -1188,16 +1189,16 @@ static void layer_backward(const Model *m, RunState *s, const Document *doc, int
     /* hb = xb2 W1^T, hb2 = xb2 W3^T */
     input_grad(ntok, D, F, s->dhb, w->w1 + (size_t)l * F * D, 0.0f, s->dxb);
     input_grad(ntok, D, F, s->dhb2, w->w3 + (size_t)l * F * D, 1.0f, s->dxb);
-    weight_grad(ntok, D, F, s->dhb, s->xb2, LAYER(dw ? dw->w1 : NULL, l, (size_t)F * D));
-    weight_grad(ntok, D, F, s->dhb2, s->xb2, LAYER(dw ? dw->w3 : NULL, l, (size_t)F * D));
+    weight_grad(ntok, D, F, s->dhb, s->xb2, LAYER(dw->w1, l, (size_t)F * D));
+    weight_grad(ntok, D, F, s->dhb2, s->xb2, LAYER(dw->w3, l, (size_t)F * D));
     /* xb2 = rmsnorm(x_mid); x_mid also flows straight to x */
     memcpy(s->dx_mid, s->dx, (size_t)ntok * D * sizeof(float));
     for (int t = 0; t < ntok; t++)
-        rmsnorm_backward(s->dx_mid + (size_t)t * D, LAYER(dw ? dw->rms_ffn : NULL, l, D), s->x_mid + (size_t)t * D,
+        rmsnorm_backward(s->dx_mid + (size_t)t * D, LAYER(dw->rms_ffn, l, D), s->x_mid + (size_t)t * D,
                          w->rms_ffn + (size_t)l * D, s->dxb + (size_t)t * D, D);
     /* x_mid = x + att Wo^T */
     input_grad(ntok, D, D, s->dx_mid, w->wo + (size_t)l * D * D, 0.0f, s->datt);
-    weight_grad(ntok, D, D, s->dx_mid, s->att, LAYER(dw ? dw->wo : NULL, l, (size_t)D * D));
+    weight_grad(ntok, D, D, s->dx_mid, s->att, LAYER(dw->wo, l, (size_t)D * D));
     /* att = merge(document state, local state), per (row, head) */
     for (int t = 0; t < ntok; t++)
         for (int h = 0; h < H; h++) {
@@ -1219,13 +1220,13 @@ static void layer_backward(const Model *m, RunState *s, const Document *doc, int
     input_grad(ntok, D, D, s->dq, w->wq + (size_t)l * D * D, 0.0f, s->dxb);
     input_grad(ntok, D, KVD, s->dk, w->wk + (size_t)l * KVD * D, 1.0f, s->dxb);
     input_grad(ntok, D, KVD, s->dv, w->wv + (size_t)l * KVD * D, 1.0f, s->dxb);
-    weight_grad(ntok, D, D, s->dq, s->xb, LAYER(dw ? dw->wq : NULL, l, (size_t)D * D));
-    weight_grad(ntok, D, KVD, s->dk, s->xb, LAYER(dw ? dw->wk : NULL, l, (size_t)KVD * D));
-    weight_grad(ntok, D, KVD, s->dv, s->xb, LAYER(dw ? dw->wv : NULL, l, (size_t)KVD * D));
+    weight_grad(ntok, D, D, s->dq, s->xb, LAYER(dw->wq, l, (size_t)D * D));
+    weight_grad(ntok, D, KVD, s->dk, s->xb, LAYER(dw->wk, l, (size_t)KVD * D));
+    weight_grad(ntok, D, KVD, s->dv, s->xb, LAYER(dw->wv, l, (size_t)KVD * D));
     /* xb = rmsnorm(x); x also flows straight to x_mid */
     memcpy(s->dx, s->dx_mid, (size_t)ntok * D * sizeof(float));
     for (int t = 0; t < ntok; t++)
-        rmsnorm_backward(s->dx + (size_t)t * D, LAYER(dw ? dw->rms_att : NULL, l, D), x_in + (size_t)t * D,
+        rmsnorm_backward(s->dx + (size_t)t * D, LAYER(dw->rms_att, l, D), x_in + (size_t)t * D,
                          w->rms_att + (size_t)l * D, s->dxb + (size_t)t * D, D);
 }
 
@@ -1237,18 +1238,20 @@ int backward(const Model *m, RunState *s, const Document *doc, const int *tokens
         fprintf(stderr, "error: backward needs a run state with backward enabled and the block just run from position 0\n");
         return -1;
     }
+    Weights no_weight_grads = {0};  /* every tensor NULL: the model's gradients are skipped */
+    if (!dw) dw = &no_weight_grads;
     /* logits = rmsnorm(x_L) Wcls^T */
     const float *x_final = s->saved_x + (size_t)L * s->max_block * D;
     for (int t = 0; t < ntok; t++) rmsnorm(s->xb + (size_t)t * D, x_final + (size_t)t * D, m->w.rms_final, D);
     input_grad(ntok, D, V, dlogits, m->w.wcls, 0.0f, s->dxb);
-    weight_grad(ntok, D, V, dlogits, s->xb, dw ? dw->wcls : NULL);
+    weight_grad(ntok, D, V, dlogits, s->xb, dw->wcls);
     memset(s->dx, 0, (size_t)ntok * D * sizeof(float));
     for (int t = 0; t < ntok; t++)
-        rmsnorm_backward(s->dx + (size_t)t * D, dw ? dw->rms_final : NULL, x_final + (size_t)t * D,
+        rmsnorm_backward(s->dx + (size_t)t * D, dw->rms_final, x_final + (size_t)t * D,
                          m->w.rms_final, s->dxb + (size_t)t * D, D);
     for (int l = L - 1; l >= 0; l--) layer_backward(m, s, doc, l, ntok, dw);
     /* x_0 = token_embedding[token] */
-    if (dw)
+    if (dw->token_embedding)
         for (int t = 0; t < ntok; t++)
             for (int i = 0; i < D; i++) dw->token_embedding[(size_t)tokens[t] * D + i] += s->dx[(size_t)t * D + i];
     return 0;

@@ -7,46 +7,7 @@
  */
 #include "../nectar.c"
 
-static int n_passed, n_failed;
-
-/* |got - ref| <= atol + rtol |ref| elementwise; prints max errors and the
- * first mismatches. */
-static int check_close(const char *what, const float *got, const double *ref, size_t n,
-                       double atol, double rtol) {
-    double max_abs = 0, max_rel = 0;
-    int bad = 0;
-    for (size_t i = 0; i < n; i++) {
-        double diff = fabs((double)got[i] - ref[i]);
-        if (!(diff <= atol + rtol * fabs(ref[i])) || isnan(got[i]) != isnan(ref[i])) {
-            if (isinf(ref[i]) && got[i] == ref[i]) continue;  /* -inf == -inf */
-            if (bad < 3) fprintf(stderr, "    %s[%zu]: got %.9g, want %.9g\n", what, i, got[i], ref[i]);
-            bad++;
-        }
-        if (diff > max_abs && !isinf(ref[i])) max_abs = diff;
-        if (fabs(ref[i]) > 1e-12 && diff / fabs(ref[i]) > max_rel && !isinf(ref[i])) max_rel = diff / fabs(ref[i]);
-    }
-    printf("  %-48s max abs %.2e  max rel %.2e  %s\n", what, max_abs, max_rel, bad ? "FAIL" : "ok");
-    if (bad) n_failed++; else n_passed++;
-    return bad == 0;
-}
-
-static int check_close_f(const char *what, const float *got, const float *ref, size_t n,
-                         double atol, double rtol) {
-    double *r = xmalloc(n * sizeof(double));
-    for (size_t i = 0; i < n; i++) r[i] = ref[i];
-    int ok = check_close(what, got, r, n, atol, rtol);
-    free(r);
-    return ok;
-}
-
-static void check(const char *what, int ok) {
-    printf("  %-48s %s\n", what, ok ? "ok" : "FAIL");
-    if (ok) n_passed++; else n_failed++;
-}
-
-static void fill_normal(float *x, size_t n, float std, uint64_t *rng) {
-    for (size_t i = 0; i < n; i++) x[i] = std * rng_normal(rng);
-}
+#include "check.h"
 
 /* Naive double-precision attention state of one query: the closed form. */
 static void naive_state(int nk, int d, const float *q, const float *k, const float *v, int ld,

@@ -22,38 +22,10 @@ void ref_rope(float *vec, int n, int head_size, int pos, float direction);
 void ref_swiglu(float *hgate, const float *hb, const float *hb2, size_t n);
 }
 
-static int n_passed, n_failed;
-
-/* |got - ref| <= atol + rtol |ref| elementwise (infinities must match
- * exactly, NaN never passes); prints max errors and the first mismatches. */
-static int check_close(const char *what, const float *got, const float *ref, size_t n,
-                       double atol, double rtol) {
-    double max_abs = 0, max_rel = 0;
-    size_t bad = 0;
-    for (size_t i = 0; i < n; i++) {
-        double g = got[i], r = ref[i], diff = fabs(g - r);
-        int ok = isinf(r) || isinf(g) ? g == r : diff <= atol + rtol * fabs(r);
-        if (!ok && bad++ < 3) printf("    %s[%zu]: got %.9g, want %.9g\n", what, i, g, r);
-        if (isinf(r) || isinf(g)) continue;
-        if (diff > max_abs) max_abs = diff;
-        if (fabs(r) > 1e-12 && diff / fabs(r) > max_rel) max_rel = diff / fabs(r);
-    }
-    printf("  %-60s max abs %.2e  max rel %.2e  %s\n", what, max_abs, max_rel, bad ? "FAIL" : "ok");
-    if (bad) { printf("    %zu of %zu elements out of tolerance\n", bad, n); n_failed++; }
-    else n_passed++;
-    return bad == 0;
-}
-
-static void check(const char *what, int ok) {
-    printf("  %-60s %s\n", what, ok ? "ok" : "FAIL");
-    if (ok) n_passed++; else n_failed++;
-}
+#include "check.h"
 
 static float *host_floats(size_t n) { return (float *)xmalloc(n * sizeof(float)); }
 
-static void fill_normal(float *x, size_t n, float std, uint64_t *rng) {
-    for (size_t i = 0; i < n; i++) x[i] = std * rng_normal(rng);
-}
 
 /* A device copy of host (n); NULL when n = 0. */
 static float *upload(const float *host, size_t n) {
@@ -90,12 +62,12 @@ static void test_rmsnorm(int rows, int n) {
     rmsnorm_cuda(o_d, x_d, w_d, rows, n);
     float *got = download(o_d, (size_t)rows * n);
     snprintf(what, sizeof(what), "rmsnorm %d rows x %d", rows, n);
-    check_close(what, got, ref, (size_t)rows * n, 1e-5, 1e-4);
+    check_close_f(what, got, ref, (size_t)rows * n, 1e-5, 1e-4);
     free(got);
     rmsnorm_cuda(x_d, x_d, w_d, rows, n);  /* in place, as o may alias x */
     got = download(x_d, (size_t)rows * n);
     snprintf(what, sizeof(what), "rmsnorm %d rows x %d, in place", rows, n);
-    check_close(what, got, ref, (size_t)rows * n, 1e-5, 1e-4);
+    check_close_f(what, got, ref, (size_t)rows * n, 1e-5, 1e-4);
     free(got); free(x); free(w); free(ref);
     CUDA_CHECK(cudaFree(x_d)); CUDA_CHECK(cudaFree(w_d)); CUDA_CHECK(cudaFree(o_d));
 }
@@ -115,12 +87,12 @@ static void test_rope(int rows, int n_heads, int head_size, int pad, int pos, fl
     float *got = download(x_d, size);
     snprintf(what, sizeof(what), "rope %d rows x %d heads of %d, stride %d, pos %d, dir %+g",
              rows, n_heads, head_size, ld, pos, direction);
-    check_close(what, got, ref, size, 1e-5, 1e-4);
+    check_close_f(what, got, ref, size, 1e-5, 1e-4);
     rope_cuda(x_d, rows, ld, n, head_size, pos, -direction);  /* and back */
     free(got);
     got = download(x_d, size);
     snprintf(what, sizeof(what), "rope then rope back == input (%d rows, pos %d)", rows, pos);
-    check_close(what, got, x, size, 1e-5, 1e-5);
+    check_close_f(what, got, x, size, 1e-5, 1e-5);
     free(got); free(x); free(ref);
     CUDA_CHECK(cudaFree(x_d));
 }
@@ -138,7 +110,7 @@ static void test_swiglu(size_t n) {
     swiglu_cuda(out_d, hb_d, hb2_d, n);
     float *got = download(out_d, n);
     snprintf(what, sizeof(what), "swiglu %zu elements", n);
-    check_close(what, got, ref, n, 1e-5, 1e-5);
+    check_close_f(what, got, ref, n, 1e-5, 1e-5);
     free(got); free(hb); free(hb2); free(ref);
     CUDA_CHECK(cudaFree(hb_d)); CUDA_CHECK(cudaFree(hb2_d)); CUDA_CHECK(cudaFree(out_d));
 }
@@ -175,11 +147,11 @@ static void test_attention(int nq, int nk, int d, int H, int G, int visible) {
     float *gS = download(scores_d, H * nS);
     snprintf(tag, sizeof(tag), "%dq x %dk d%d H%d G%d visible %d", nq, nk, d, H, G, visible);
     snprintf(what, sizeof(what), "attention %s: A", tag);
-    check_close(what, gA, A, (size_t)nq * D, 1e-5, 1e-4);
+    check_close_f(what, gA, A, (size_t)nq * D, 1e-5, 1e-4);
     snprintf(what, sizeof(what), "attention %s: lse", tag);
-    check_close(what, glse, lse, (size_t)nq * H, 1e-5, 1e-5);
+    check_close_f(what, glse, lse, (size_t)nq * H, 1e-5, 1e-5);
     snprintf(what, sizeof(what), "attention %s: probabilities", tag);
-    check_close(what, gS, scores, H * nS, 1e-6, 1e-4);
+    check_close_f(what, gS, scores, H * nS, 1e-6, 1e-4);
     free(q); free(k); free(v); free(A); free(lse); free(scores); free(gA); free(glse); free(gS);
     float *bufs[] = { q_d, k_d, v_d, A_d, lse_d, scores_d };
     for (int i = 0; i < 6; i++) CUDA_CHECK(cudaFree(bufs[i]));
@@ -208,9 +180,9 @@ static void test_decode(int H, int G, int nk, int d) {
     float *gA = download(A_d, (size_t)H * d), *glse = download(lse_d, H);
     snprintf(tag, sizeof(tag), "H%d G%d, %d keys (%d chunks), d%d", H, G, nk, chunks, d);
     snprintf(what, sizeof(what), "decode %s: A", tag);
-    check_close(what, gA, A, (size_t)H * d, 1e-5, 1e-4);
+    check_close_f(what, gA, A, (size_t)H * d, 1e-5, 1e-4);
     snprintf(what, sizeof(what), "decode %s: lse", tag);
-    check_close(what, glse, lse, H, 1e-5, 1e-5);
+    check_close_f(what, glse, lse, H, 1e-5, 1e-5);
     free(q); free(k); free(v); free(A); free(lse); free(scores); free(gA); free(glse);
     float *bufs[] = { q_d, k_d, v_d, A_d, lse_d, part_A, part_lse };
     for (int i = 0; i < 7; i++) CUDA_CHECK(cudaFree(bufs[i]));
@@ -237,9 +209,9 @@ static void test_merge(int n, int d) {
     merge_states_cuda(n, d, A1_d, l1_d, A2_d, l2_d, A_d, lse_d);
     float *gA = download(A_d, (size_t)n * d), *glse = download(lse_d, n);
     snprintf(what, sizeof(what), "merge_states %d pairs, d%d: A", n, d);
-    check_close(what, gA, A, (size_t)n * d, 1e-5, 1e-5);
+    check_close_f(what, gA, A, (size_t)n * d, 1e-5, 1e-5);
     snprintf(what, sizeof(what), "merge_states %d pairs, d%d: lse", n, d);
-    check_close(what, glse, lse, n, 1e-5, 1e-5);
+    check_close_f(what, glse, lse, n, 1e-5, 1e-5);
     if (n >= 3) {
         int exact = 1;
         for (int c = 0; c < d; c++)
@@ -252,7 +224,7 @@ static void test_merge(int n, int d) {
     merge_states_cuda(n, d, A1_d, l1_d, A2_d, l2_d, A1_d, NULL);  /* in place into A1, no lse */
     gA = download(A1_d, (size_t)n * d);
     snprintf(what, sizeof(what), "merge_states %d pairs, d%d: A in place, lse NULL", n, d);
-    check_close(what, gA, A, (size_t)n * d, 1e-5, 1e-5);
+    check_close_f(what, gA, A, (size_t)n * d, 1e-5, 1e-5);
     free(A1); free(A2); free(l1); free(l2); free(A); free(lse); free(gA); free(glse);
     float *bufs[] = { A1_d, A2_d, l1_d, l2_d, A_d, lse_d };
     for (int i = 0; i < 6; i++) CUDA_CHECK(cudaFree(bufs[i]));
@@ -294,9 +266,9 @@ static void test_module(ModuleArch arch, int d, int size, int Db, int Ds, int Dt
         module_forward_cuda(&s, mod, params_d, &work_d, q_d, N, a_d, A_d);
         float *ga = download(a_d, N), *gA = download(A_d, (size_t)N * d);
         snprintf(what, sizeof(what), "module %d %s: a", which[m], tag);
-        check_close(what, ga, a, N, 1e-4, 1e-4);
+        check_close_f(what, ga, a, N, 1e-4, 1e-4);
         snprintf(what, sizeof(what), "module %d %s: A", which[m], tag);
-        check_close(what, gA, A, (size_t)N * d, 1e-4, 1e-4);
+        check_close_f(what, gA, A, (size_t)N * d, 1e-4, 1e-4);
         free(ga); free(gA);
     }
     modulework_free(&work);
