@@ -9,12 +9,20 @@ BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
 BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null)
 BLAS_HINT   := OpenBLAS was not found by pkg-config; on Debian or Ubuntu: apt-get install libopenblas-dev
 
-# nvcc is optional: the CUDA parts build only where it is found.
+# nvcc is optional: where it is found, the CUDA parts build too and infer,
+# train and benchmark take --gpu; elsewhere they are CPU-only.
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 
 NVCC_FLAGS := -O2 -std=c++17 -Xcompiler -Wall,-Wextra,-Wno-unused-parameter
 # Hopper by default (H100/H200), with PTX so newer GPUs can run it too
 GPU_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+ifneq ($(NVCC),)
+CUDA_HOME  := $(patsubst %/bin/nvcc,%,$(NVCC))
+GPU_CFLAGS := -DNECTAR_CUDA -I$(CUDA_HOME)/include
+GPU_DEPS   := nectar_cuda.o nectar_cuda.h
+GPU_OBJS   := nectar_cuda.o
+GPU_LIBS   := -L$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lpthread -lstdc++
+endif
 
 SAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
@@ -22,7 +30,7 @@ SAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sa
 PROGRAMS := infer train pretrain benchmark
 TESTS    := tests/test_core tests/test_corpus tests/random_model
 
-.PHONY: all test test-unit test-bad-input test-train test-cuda test-asan clean check-blas info demo model bench
+.PHONY: all test test-unit test-bad-input test-train test-cuda test-asan clean check-blas info demo model bench bench-gpu
 
 # The main job: fit Nectar modules (MLP, rho 10%) to the default document for
 # the default model in data/, print the metrics on held-out prompts, then the
@@ -43,6 +51,10 @@ demo: infer train
 bench: benchmark
 	./benchmark -m data/model.bin
 
+# The same on the GPU (a build with nvcc), document lengths 1K..128K.
+bench-gpu: benchmark
+	./benchmark -m data/model.bin --gpu --max-doc 131072
+
 # Regenerates data/ (model, tokenizer, document, prompts) from the seed,
 # bit for bit; about half an hour on two cores.
 model: pretrain
@@ -53,14 +65,14 @@ all: $(PROGRAMS)
 check-blas:
 	@test -n "$(BLAS_LIBS)" || { echo "error: $(BLAS_HINT)" >&2; exit 1; }
 
-infer: infer.c nectar.c nectar.h | check-blas
-	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ infer.c nectar.c $(BLAS_LIBS) $(LDLIBS)
+infer: infer.c nectar.c nectar.h $(GPU_DEPS) | check-blas
+	$(CC) $(CFLAGS) $(GPU_CFLAGS) $(BLAS_CFLAGS) -o $@ infer.c nectar.c $(GPU_OBJS) $(BLAS_LIBS) $(GPU_LIBS) $(LDLIBS)
 
-train: train.c nectar.c nectar.h | check-blas
-	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ train.c nectar.c $(BLAS_LIBS) $(LDLIBS)
+train: train.c nectar.c nectar.h $(GPU_DEPS) | check-blas
+	$(CC) $(CFLAGS) $(GPU_CFLAGS) $(BLAS_CFLAGS) -o $@ train.c nectar.c $(GPU_OBJS) $(BLAS_LIBS) $(GPU_LIBS) $(LDLIBS)
 
-benchmark: bench.c nectar.c nectar.h | check-blas
-	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ bench.c nectar.c $(BLAS_LIBS) $(LDLIBS)
+benchmark: bench.c nectar.c nectar.h $(GPU_DEPS) | check-blas
+	$(CC) $(CFLAGS) $(GPU_CFLAGS) $(BLAS_CFLAGS) -o $@ bench.c nectar.c $(GPU_OBJS) $(BLAS_LIBS) $(GPU_LIBS) $(LDLIBS)
 
 pretrain: pretrain.c corpus.c corpus.h nectar.c nectar.h | check-blas
 	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -pthread -o $@ pretrain.c corpus.c nectar.c $(BLAS_LIBS) $(LDLIBS)
@@ -89,16 +101,26 @@ build-asan/test_core: tests/test_core.c tests/check.h nectar.c nectar.h | check-
 
 # CUDA kernels against the CPU reference: built only where nvcc is found;
 # without a GPU the test prints SKIP and passes.
-tests/test_cuda: tests/test_cuda.cu tests/check.h tests/test_cuda_ref.c nectar_cuda.cu nectar_cuda.h nectar.c nectar.h | check-blas
+nectar_cuda.o: nectar_cuda.cu nectar_cuda.h nectar.h
+	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) -c nectar_cuda.cu -o $@
+
+tests/test_cuda: tests/test_cuda.cu tests/check.h tests/test_cuda_ref.c nectar_cuda.o nectar.c nectar.h | check-blas
 	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -c tests/test_cuda_ref.c -o tests/test_cuda_ref.o
-	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) -c nectar_cuda.cu -o nectar_cuda.o
 	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) -c tests/test_cuda.cu -o tests/test_cuda.o
 	$(NVCC) -o $@ tests/test_cuda.o nectar_cuda.o tests/test_cuda_ref.o -lcublas $(BLAS_LIBS) -lm
+
+# A GPU is there when nvidia-smi lists one; the --gpu programs are then
+# checked against the CPU too.
+GPU_PRESENT := $(shell nvidia-smi -L > /dev/null 2>&1 && echo 1 || echo 0)
 
 test-cuda:
 ifneq ($(NVCC),)
 	$(MAKE) tests/test_cuda
 	./tests/test_cuda
+ifeq ($(GPU_PRESENT),1)
+	$(MAKE) infer train benchmark
+	bash tests/test_gpu_programs.sh
+endif
 else
 	@echo "test-cuda: nvcc not found, CUDA tests not built"
 endif
@@ -114,7 +136,7 @@ test-train: $(PROGRAMS) tests/random_model
 	bash tests/test_train.sh
 
 test-bad-input: $(PROGRAMS)
-	bash tests/test_bad_input.sh .
+	GPU_PRESENT=$(GPU_PRESENT) bash tests/test_bad_input.sh .
 
 test-asan: build-asan/infer build-asan/train build-asan/test_core tests/random_model
 	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_core > /dev/null

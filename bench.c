@@ -4,9 +4,14 @@
  *
  * References measured in the same run: OpenBLAS sgemm at the model's shapes
  * (prefill and module fitting are reported as a fraction of it), the
- * no-document decode, the exact path.
+ * no-document decode, the exact path. With --gpu (a build with nvcc,
+ * `make bench-gpu`) the same on the GPU against cuBLAS sgemm, and module
+ * fitting on the GPU against the CPU.
  */
 #include "nectar.h"
+#ifdef NECTAR_CUDA
+#include "nectar_cuda.h"
+#endif
 
 #include <cblas.h>
 #include <math.h>
@@ -74,7 +79,8 @@ static Measure run_config(const Model *m, RunKind kind, const int *doc_ids, int 
     } else if (kind == RUN_NECTAR) {
         int *widths = xmalloc(c->n_layers * sizeof(int));
         for (int l = 0; l < c->n_layers; l++) widths[l] = mlp_width(c, n, rho);
-        moduleset_alloc(&ms, ARCH_MLP, c->n_layers, c->n_kv_heads, c->dim / c->n_heads, 1, 1, 1, widths, 0);
+        if (moduleset_alloc(&ms, ARCH_MLP, c->n_layers, c->n_kv_heads, c->dim / c->n_heads, 1, 1, 1, widths, 0) != 0)
+            exit(1);  /* a document too short for rho (the sentence is out) */
         mlp_init(&ms, 1, NULL, NULL);  /* timing does not depend on the values */
         ms.n_doc = n;
         free(widths);
@@ -176,16 +182,218 @@ static void fit_throughput(int d, int width, int N, double *queries_per_s, doubl
     moduleset_free(&ms);
 }
 
+
+/* ------------------------------------------------------------------------ */
+/* Fitting steps per second: train's step (regression gradients of every
+ * module at `batch` positions, clipping, AdamW) over random targets. */
+
+static double fit_steps_per_s(const Config *c, const int *widths, int batch, int gpu) {
+    int L = c->n_layers, G = c->n_kv_heads, H = c->n_heads, D = c->dim, d = D / H;
+    ModuleSet ms;
+    moduleset_alloc(&ms, ARCH_MLP, L, G, d, 1, 1, 1, widths, 1);
+    mlp_init(&ms, 3, NULL, NULL);
+    long P = 4096;
+    FitTargets t = {P, xmalloc((size_t)L * P * D * sizeof(float)), xmalloc((size_t)L * P * D * sizeof(float)),
+                    xmalloc((size_t)L * P * H * sizeof(float))};
+    uint64_t rng = 9;
+    for (size_t i = 0; i < (size_t)L * P * D; i++) { t.q[i] = rng_normal(&rng); t.A[i] = 0.3f * rng_normal(&rng); }
+    for (size_t i = 0; i < (size_t)L * P * H; i++) t.alpha[i] = 2.0f * rng_normal(&rng);
+    float *m = xmalloc(ms.n_params * sizeof(float)), *v = xmalloc(ms.n_params * sizeof(float));
+    int steps = 0;
+    double t0 = now_seconds(), elapsed;
+    if (!gpu) {
+        ModuleWork w;
+        FitBatch b;
+        modulework_alloc(&w, &ms, batch * (H / G));
+        fitbatch_alloc(&b, &ms, H, batch);
+        do {
+            for (int i = 0; i < batch; i++) b.pos[i] = rng_u32(&rng) % P;
+            memset(ms.grads, 0, ms.n_params * sizeof(float));
+            regression_grads(&ms, &w, &b, &t, H, 0.1f, 1.0f);
+            clip_grad_norm(ms.grads, ms.n_params, 1.0);
+            adamw_update(ms.params, ms.grads, m, v, ms.n_params, ++steps, 1e-3f, 0.01f);
+            elapsed = now_seconds() - t0;
+        } while (elapsed < 1.0 || steps < 3);
+        modulework_free(&w);
+        fitbatch_free(&b);
+    }
+#ifdef NECTAR_CUDA
+    if (gpu) {
+        ModuleSet ms_d;
+        FitTargets t_d;
+        ModuleWork w;
+        FitBatch b;
+        moduleset_upload_cuda(&ms_d, &ms, 1);
+        fittargets_upload_cuda(&t_d, &t, L, D, H);
+        modulework_alloc_cuda(&w, &ms, batch * H);
+        fitbatch_alloc_cuda(&b, &ms, H, batch);
+        float *m_d = cuda_xmalloc(ms.n_params * sizeof(float)), *v_d = cuda_xmalloc(ms.n_params * sizeof(float));
+        do {  /* each step ends in a copy back (loss, norm): the time is the GPU's */
+            for (int i = 0; i < batch; i++) b.pos[i] = rng_u32(&rng) % P;
+            CUDA_CHECK(cudaMemset(ms_d.grads, 0, ms.n_params * sizeof(float)));
+            regression_grads_cuda(&ms_d, &w, &b, &t_d, H, 0.1f, 1.0f);
+            clip_grad_norm_cuda(ms_d.grads, ms.n_params, 1.0);
+            adamw_update_cuda(ms_d.params, ms_d.grads, m_d, v_d, ms.n_params, ++steps, 1e-3f, 0.01f);
+            elapsed = now_seconds() - t0;
+        } while (elapsed < 1.0 || steps < 3);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        elapsed = now_seconds() - t0;
+        CUDA_CHECK(cudaFree(m_d)); CUDA_CHECK(cudaFree(v_d));
+        fitbatch_free_cuda(&b);
+        modulework_free_cuda(&w);
+        fittargets_free_cuda(&t_d);
+        moduleset_free_cuda(&ms_d);
+    }
+#endif
+    free(t.q); free(t.A); free(t.alpha); free(m); free(v);
+    moduleset_free(&ms);
+    return steps / elapsed;
+}
+
+#ifdef NECTAR_CUDA
+/* ------------------------------------------------------------------------ */
+/* The GPU: one process (its memory is the device's), timed by the wall
+ * clock; every forward_cuda ends in a copy of the logits back, so the
+ * GPU's work is done when the clock stops. */
+
+/* TTFT of the prompt and decode tokens per second after it. */
+static void gpu_generate(const Model *m, const Document *doc, double *ttft_ms, double *decode_tps) {
+    int prompt[PROMPT + DECODE];
+    for (int i = 0; i < PROMPT + DECODE; i++) prompt[i] = 3 + (i * 37) % 250;
+    RunStateCuda s;
+    runstate_alloc_cuda(&s, m, doc, PROMPT, PROMPT + DECODE);
+    double t0 = now_seconds();
+    forward_cuda(m, &s, doc, prompt, PROMPT, 0, LOGITS_LAST);
+    double t1 = now_seconds();
+    for (int i = 0; i < DECODE; i++) forward_cuda(m, &s, doc, &prompt[PROMPT + i], 1, PROMPT + i, LOGITS_LAST);
+    *ttft_ms = (t1 - t0) * 1e3;
+    *decode_tps = DECODE / (now_seconds() - t1);
+    runstate_free_cuda(&s);
+}
+
+/* Nectar modules of the width rho allows, on the device (values do not
+ * change the timing). */
+static void gpu_modules(const Config *c, int n, float rho, ModuleSet *host, ModuleSet *dev) {
+    int *widths = xmalloc(c->n_layers * sizeof(int));
+    for (int l = 0; l < c->n_layers; l++) widths[l] = mlp_width(c, n, rho);
+    if (moduleset_alloc(host, ARCH_MLP, c->n_layers, c->n_kv_heads, c->dim / c->n_heads, 1, 1, 1, widths, 0) != 0)
+        exit(1);  /* a document too short for rho (the sentence is out) */
+    mlp_init(host, 1, NULL, NULL);
+    host->n_doc = n;
+    moduleset_upload_cuda(dev, host, 0);
+    free(widths);
+}
+
+/* cuBLAS sgemm GFLOP/s for C (M, N) = A (M, K) B^T, as matmul_cuda runs it */
+static double cublas_gflops(int M, int N, int K) {
+    float *A = cuda_xmalloc((size_t)M * K * sizeof(float)), *B = cuda_xmalloc((size_t)N * K * sizeof(float));
+    float *C = cuda_xmalloc((size_t)M * N * sizeof(float));
+    matmul_cuda(M, K, N, A, B, 0.0f, C);  /* warm-up */
+    CUDA_CHECK(cudaDeviceSynchronize());
+    int reps = 1;
+    double t;
+    do {
+        double t0 = now_seconds();
+        for (int r = 0; r < reps; r++) matmul_cuda(M, K, N, A, B, 0.0f, C);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        t = now_seconds() - t0;
+        reps *= 2;
+    } while (t < 0.2);
+    CUDA_CHECK(cudaFree(A)); CUDA_CHECK(cudaFree(B)); CUDA_CHECK(cudaFree(C));
+    return 2.0 * M * N * K * (reps / 2) / t / 1e9;
+}
+
+static int bench_gpu(const Model *host, const char *model_path, int min_doc, int max_doc) {
+    if (nectar_cuda_init() != 0) return 1;
+    struct cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    Model m;
+    model_upload_cuda(&m, host);
+    const Config *c = &m.config;
+    int d = c->dim / c->n_heads;
+    double t_start = now_seconds();
+    double g_qkvo = cublas_gflops(BLOCK, c->dim, c->dim), g_ffn = cublas_gflops(BLOCK, c->hidden_dim, c->dim);
+    double w_qkvo = 2.0 * c->dim * c->dim + 2.0 * c->dim * d * c->n_kv_heads, w_ffn = 3.0 * c->dim * c->hidden_dim;
+    double sgemm = (w_qkvo + w_ffn) / (w_qkvo / g_qkvo + w_ffn / g_ffn);
+    Document none = {DOC_EXACT, 0, NULL, NULL};
+    double ttft, tps;
+    gpu_generate(&m, &none, &ttft, &tps);  /* warm-up: kernels loaded, cuBLAS ready */
+    printf("GPU: %s; model %s: dim %d, hidden %d, %d layers, %d/%d heads, head size %d, context %d\n", prop.name,
+           model_path, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, d, c->seq_len);
+    printf("cuBLAS sgemm (fp32), %d x (%d x %d) and %d x (%d x %d): %.0f and %.0f GFLOP/s; at the prefill's mix %.0f GFLOP/s\n",
+           BLOCK, c->dim, c->dim, BLOCK, c->hidden_dim, c->dim, g_qkvo, g_ffn, sgemm);
+    if (max_doc > c->seq_len)
+        printf("note: documents beyond the model's context (%d) are for timing only (RoPE runs past it)\n", c->seq_len);
+    printf("prompt %d tokens, then %d decoded; Nectar modules are MLPs (1,1,1) of the width that rho allows\n\n",
+           PROMPT, DECODE);
+    printf("| doc tokens | TTFT full prefill | TTFT reused KV | TTFT Nectar 2%% | prefill GFLOP/s (of sgemm) "
+           "| decode tok/s exact | Nectar 2%% | Nectar 10%% | no doc | KV state | module 10%% |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+    int longest = min_doc;
+    for (int n = min_doc; n <= max_doc; n *= 2) {
+        int *doc_ids = xmalloc(n * sizeof(int));
+        doc_ids[0] = 1;
+        for (int i = 1; i < n; i++) doc_ids[i] = 3 + (int)((i * 2654435761u) % 256u);
+        fprintf(stderr, "GPU, document of %d tokens ... (%.0fs so far)\n", n, now_seconds() - t_start);
+        DocCache cache;
+        double t0 = now_seconds();
+        if (doccache_build_cuda(&cache, &m, doc_ids, n, BLOCK) != 0) return 1;
+        double prefill_s = now_seconds() - t0;  /* ends in cudaFree, which waits for the GPU */
+        Document exact = {DOC_EXACT, n, &cache, NULL};
+        double ttft_reused, tps_exact, ttft_n2, tps_n2, ttft_n10, tps_n10, ttft_none, tps_none;
+        gpu_generate(&m, &exact, &ttft_reused, &tps_exact);
+        double ttft_full = prefill_s * 1e3 + ttft_reused;
+        double gflops = (forward_flops(c, n, 0, 0) + forward_flops(c, PROMPT, n, 1)) / (ttft_full / 1e3) / 1e9;
+        doccache_free_cuda(&cache);
+        ModuleSet h2, d2, h10, d10;
+        gpu_modules(c, n, 0.02f, &h2, &d2);
+        gpu_modules(c, n, 0.10f, &h10, &d10);
+        Document nectar2 = {DOC_NECTAR, n, NULL, &d2}, nectar10 = {DOC_NECTAR, n, NULL, &d10};
+        gpu_generate(&m, &nectar2, &ttft_n2, &tps_n2);
+        gpu_generate(&m, &nectar10, &ttft_n10, &tps_n10);
+        gpu_generate(&m, &none, &ttft_none, &tps_none);
+        double kv_mb = 2.0 * sizeof(float) * c->n_layers * n * d * c->n_kv_heads / 1e6;
+        printf("| %d | %.1f ms | %.2f ms | %.2f ms | %.0f (%.0f%%) | %.0f | %.0f (%.2fx no doc) | %.0f (%.2fx) | %.0f "
+               "| %.2f MB | %.2f MB |\n", n, ttft_full, ttft_reused, ttft_n2, gflops, 100 * gflops / sgemm, tps_exact,
+               tps_n2, tps_n2 / tps_none, tps_n10, tps_n10 / tps_none, tps_none, kv_mb, h10.n_params * 4 / 1e6);
+        fflush(stdout);
+        moduleset_free_cuda(&d2); moduleset_free_cuda(&d10);
+        moduleset_free(&h2); moduleset_free(&h10);
+        free(doc_ids);
+        longest = n;
+    }
+    /* fitting: the rho 10% modules of the longest document, train's batch */
+    int *widths = xmalloc(c->n_layers * sizeof(int));
+    for (int l = 0; l < c->n_layers; l++) widths[l] = mlp_width(c, longest, 0.10f);
+    int batch = 64;
+    fprintf(stderr, "fitting throughput ... (%.0fs so far)\n", now_seconds() - t_start);
+    double gpu_steps = fit_steps_per_s(c, widths, batch, 1), cpu_steps = fit_steps_per_s(c, widths, batch, 0);
+    double queries = (double)batch * c->n_heads * c->n_layers;  /* module queries per step */
+    printf("\nmodule fitting (rho 10%% of %d tokens: width %d, %d modules; batch %d positions = %.0f module queries "
+           "a step, forward + backward + AdamW): GPU %.1f steps/s (%.0f queries/s), CPU %.1f steps/s (%.0f queries/s): "
+           "GPU %.1fx the CPU\n", longest, widths[0], c->n_layers * c->n_kv_heads, batch, queries, gpu_steps,
+           gpu_steps * queries, cpu_steps, cpu_steps * queries, gpu_steps / cpu_steps);
+    printf("train's default 6000 steps: %.0f s on the GPU, %.0f s on the CPU\n", 6000 / gpu_steps, 6000 / cpu_steps);
+    fprintf(stderr, "GPU bench took %.0f s\n", now_seconds() - t_start);
+    free(widths);
+    model_free_cuda(&m);
+    nectar_cuda_free();
+    return 0;
+}
+#endif
+
 static void usage(FILE *f) {
-    fprintf(f, "usage: benchmark -m MODEL [--max-doc N] [--min-doc N]\n"
-               "  document lengths from --min-doc (default 1024) to --max-doc (default 65536), doubling\n");
+    fprintf(f, "usage: benchmark -m MODEL [--max-doc N] [--min-doc N] [--gpu]\n"
+               "  document lengths from --min-doc (default 1024) to --max-doc (default 65536), doubling\n"
+               "  --gpu  on the GPU (a build with nvcc), with fitting on the GPU against the CPU\n");
 }
 
 int main(int argc, char **argv) {
     const char *model_path = NULL;
-    int min_doc = 1024, max_doc = 65536;
+    int min_doc = 1024, max_doc = 65536, gpu = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); return 0; }
+        if (!strcmp(argv[i], "--gpu")) { gpu = 1; continue; }
         if (i + 1 >= argc) { fprintf(stderr, "error: %s needs a value (see --help)\n", argv[i]); return 1; }
         if (!strcmp(argv[i], "-m")) model_path = argv[++i];
         else if (!strcmp(argv[i], "--max-doc")) max_doc = atoi(argv[++i]);
@@ -198,6 +406,16 @@ int main(int argc, char **argv) {
     }
     Model m;
     if (model_load(&m, model_path) != 0) return 1;
+    if (gpu) {
+#ifdef NECTAR_CUDA
+        int status = bench_gpu(&m, model_path, min_doc, max_doc);
+        model_free(&m);
+        return status;
+#else
+        fprintf(stderr, "error: this build has no GPU support: nvcc was not found when it was built (see make info)\n");
+        return 1;
+#endif
+    }
     const Config *c = &m.config;
     int d = c->dim / c->n_heads;
     double t_start = now_seconds();

@@ -1,11 +1,15 @@
 /* infer.c - generate after a document: exact (its KV cache), Nectar (its
- * module, no document prefill at all) or with no document.
+ * module, no document prefill at all) or with no document, on the CPU or
+ * (--gpu, in a build with nvcc) the GPU.
  *
  *   ./infer -m model.bin -z tokenizer.bin -d doc.txt -i "prompt"          exact
  *   ./infer -m model.bin -z tokenizer.bin -k doc.nectar -i "prompt"       Nectar
  *   ./infer -m model.bin -z tokenizer.bin -i "prompt"                     no document
  */
 #include "nectar.h"
+#ifdef NECTAR_CUDA
+#include "nectar_cuda.h"
+#endif
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +33,7 @@ static void usage(FILE *f) {
         "  --compare      with -k and -d/-D: exact, Nectar and no-document generations in turn\n"
         "  --eval         with -k and -d/-D: metrics on the held-out prompts kept in the module\n"
         "  --json         with --eval: one JSON object on stdout\n"
+        "  --gpu          run on the GPU (builds with nvcc; not with --eval)\n"
         "  --help         this text\n"
         "Modes: with -d/-D the document's KV cache is used (exact); with -k the module is\n"
         "used instead (if -d/-D is also given, it must be the document the module was fitted\n"
@@ -53,17 +58,56 @@ static int *load_tokens(const Tokenizer *tok, const char *text, const char *ids_
     return ids;
 }
 
+/* The run state of a generation on the CPU, or on the GPU (m and doc then
+ * hold device copies). */
+typedef struct {
+    int gpu;
+    RunState cpu;
+#ifdef NECTAR_CUDA
+    RunStateCuda dev;
+#endif
+} Runner;
+
+static void runner_alloc(Runner *r, int gpu, const Model *m, const Document *doc, int max_block, int capacity) {
+    r->gpu = gpu;
+#ifdef NECTAR_CUDA
+    if (gpu) { runstate_alloc_cuda(&r->dev, m, doc, max_block, capacity); return; }
+#endif
+    runstate_alloc(&r->cpu, m, doc, max_block, capacity);
+}
+
+/* forward with LOGITS_LAST; *logits: the last row's logits, on the host. */
+static int runner_forward(Runner *r, const Model *m, const Document *doc, const int *tokens, int ntok, int pos,
+                          const float **logits) {
+    int V = m->config.vocab_size;
+#ifdef NECTAR_CUDA
+    if (r->gpu) {
+        *logits = r->dev.logits + (size_t)(ntok - 1) * V;
+        return forward_cuda(m, &r->dev, doc, tokens, ntok, pos, LOGITS_LAST);
+    }
+#endif
+    *logits = r->cpu.logits + (size_t)(ntok - 1) * V;
+    return forward(m, &r->cpu, doc, tokens, ntok, pos, LOGITS_LAST);
+}
+
+static void runner_free(Runner *r) {
+#ifdef NECTAR_CUDA
+    if (r->gpu) { runstate_free_cuda(&r->dev); return; }
+#endif
+    runstate_free(&r->cpu);
+}
+
 /* Generates up to `steps` tokens after the prompt, printing them to stdout
  * (pieces with a tokenizer, else ids). Returns the count, or -1. */
-static int generate(const Model *m, const Document *doc, const int *prompt, int n_prompt, int steps,
+static int generate(const Model *m, const Document *doc, int gpu, const int *prompt, int n_prompt, int steps,
                     Sampler *sampler, const Tokenizer *tok, int print_ids, double *ms_first, double *tok_per_s) {
     int V = m->config.vocab_size;
-    RunState s;
-    runstate_alloc(&s, m, doc, n_prompt, n_prompt + (steps > 0 ? steps - 1 : 0));
+    Runner r;
+    runner_alloc(&r, gpu, m, doc, n_prompt, n_prompt + (steps > 0 ? steps - 1 : 0));
+    const float *last;
     double t0 = now_seconds();
-    if (forward(m, &s, doc, prompt, n_prompt, 0, LOGITS_LAST) != 0) { runstate_free(&s); return -1; }
+    if (runner_forward(&r, m, doc, prompt, n_prompt, 0, &last) != 0) { runner_free(&r); return -1; }
     double t_first = now_seconds();
-    const float *last = s.logits + (size_t)(n_prompt - 1) * V;
     int prev = prompt[n_prompt - 1], generated = 0;
     for (int i = 0; i < steps; i++) {
         int next = sample(sampler, (float *)last, V);
@@ -79,24 +123,23 @@ static int generate(const Model *m, const Document *doc, const int *prompt, int 
         }
         fflush(stdout);
         prev = next;
-        if (i + 1 < steps && forward(m, &s, doc, &next, 1, n_prompt + i, LOGITS_LAST) != 0) {
-            runstate_free(&s);
+        if (i + 1 < steps && runner_forward(&r, m, doc, &next, 1, n_prompt + i, &last) != 0) {
+            runner_free(&r);
             return -1;
         }
-        last = s.logits;
     }
     printf("\n");
     fflush(stdout);  /* before the timing line on stderr */
     *ms_first = (t_first - t0) * 1e3;
     *tok_per_s = generated > 1 ? (generated - 1) / (now_seconds() - t_first) : 0.0;
-    runstate_free(&s);
+    runner_free(&r);
     return generated;
 }
 
 int main(int argc, char **argv) {
     const char *model_path = NULL, *tok_path = NULL, *doc_text_path = NULL, *doc_ids_path = NULL;
     const char *module_path = NULL, *prompt_text = NULL, *prompt_ids_path = NULL;
-    int n_gen = 64, print_ids = 0, encode_only = 0, eval = 0, compare = 0, json = 0;
+    int n_gen = 64, print_ids = 0, encode_only = 0, eval = 0, compare = 0, json = 0, gpu = 0;
     float temperature = 1.0f, topp = 0.9f;
     unsigned long long seed = 1234;
     for (int i = 1; i < argc; i++) {
@@ -107,6 +150,7 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--eval")) { eval = 1; continue; }
         if (!strcmp(a, "--compare")) { compare = 1; continue; }
         if (!strcmp(a, "--json")) { json = 1; continue; }
+        if (!strcmp(a, "--gpu")) { gpu = 1; continue; }
         if (a[0] != '-' || strlen(a) != 2 || i + 1 >= argc) {
             fprintf(stderr, "error: unknown or incomplete option '%s' (see --help)\n", a);
             return 1;
@@ -142,6 +186,16 @@ int main(int argc, char **argv) {
         fprintf(stderr, "error: --eval and --compare need the module (-k) and its document (-d/-D)\n");
         return 1;
     }
+    if (gpu && eval) {
+        fprintf(stderr, "error: --eval runs on the CPU; drop --gpu\n");
+        return 1;
+    }
+#ifndef NECTAR_CUDA
+    if (gpu) {
+        fprintf(stderr, "error: this build has no GPU support: nvcc was not found when it was built (see make info)\n");
+        return 1;
+    }
+#endif
     if ((doc_text_path && doc_ids_path) || (prompt_text && prompt_ids_path)) {
         fprintf(stderr, "error: give the document as -d or -D and the prompt as -i or -I, not both\n");
         return 1;
@@ -201,7 +255,6 @@ int main(int argc, char **argv) {
                     "model's context of %d\n", module_path, modules.n_doc, c->seq_len);
             return 1;
         }
-        doc = (Document){DOC_NECTAR, modules.n_doc, NULL, &modules};
     }
 
     /* the prompt */
@@ -234,13 +287,34 @@ int main(int argc, char **argv) {
         fprintf(stderr, "note: generating %d tokens, not %d: the context ends at %d tokens\n", steps, n_gen, c->seq_len);
     }
 
+    /* what generation runs on: the host's model and document state, or their
+     * GPU copies (--gpu) */
+    const Model *run_model = &model;
+    const DocCache *run_cache = &cache;
+    const ModuleSet *run_modules = &modules;
+#ifdef NECTAR_CUDA
+    Model model_dev;
+    DocCache cache_dev;
+    ModuleSet modules_dev;
+    if (gpu) {
+        if (nectar_cuda_init() != 0) return 1;
+        model_upload_cuda(&model_dev, &model);
+        if (module_path) moduleset_upload_cuda(&modules_dev, &modules, 0);
+        run_model = &model_dev; run_cache = &cache_dev; run_modules = &modules_dev;
+    }
+#endif
+    if (module_path) doc = (Document){DOC_NECTAR, modules.n_doc, NULL, run_modules};
+
     double t0 = now_seconds();
     /* the exact path's prefill: the document's KV cache (with a module, only
      * --eval and --compare need it) */
     int need_cache = has_doc && (!module_path || eval || compare);
     if (need_cache) {
-        if (doccache_build(&cache, &model, doc_ids, n_doc, 256) != 0) return 1;
-        if (!module_path) doc = (Document){DOC_EXACT, n_doc, &cache, NULL};
+#ifdef NECTAR_CUDA
+        if (gpu && doccache_build_cuda(&cache_dev, &model_dev, doc_ids, n_doc, 256) != 0) return 1;
+#endif
+        if (!gpu && doccache_build(&cache, &model, doc_ids, n_doc, 256) != 0) return 1;
+        if (!module_path) doc = (Document){DOC_EXACT, n_doc, run_cache, NULL};
     }
     double prefill_ms = (now_seconds() - t0) * 1e3;
     if (module_path) {
@@ -271,7 +345,7 @@ int main(int argc, char **argv) {
         evalresult_free(&random_split); evalresult_free(&challenge_split);
     } else if (compare) {
         /* the same prompt and seed three ways; without a document the prompt starts with BOS */
-        Document exact = {DOC_EXACT, n_doc, &cache, NULL}, none = {DOC_EXACT, 0, NULL, NULL};
+        Document exact = {DOC_EXACT, n_doc, run_cache, NULL}, none = {DOC_EXACT, 0, NULL, NULL};
         int *bos_prompt = xmalloc((n_prompt + 1) * sizeof(int));
         int bos = prompt[0] != 1;
         bos_prompt[0] = 1;
@@ -286,7 +360,7 @@ int main(int argc, char **argv) {
             sampler_init(&sampler, c->vocab_size, temperature, topp, seed);
             printf("--- %s ---\n", runs[r].name);
             fflush(stdout);
-            int n = generate(&model, runs[r].doc, runs[r].prompt, runs[r].n, steps, &sampler, tokp, print_ids,
+            int n = generate(run_model, runs[r].doc, gpu, runs[r].prompt, runs[r].n, steps, &sampler, tokp, print_ids,
                              &first_ms, &rate);
             sampler_free(&sampler);
             if (n < 0) return 1;
@@ -297,16 +371,24 @@ int main(int argc, char **argv) {
         double first_ms, rate;
         Sampler sampler;
         sampler_init(&sampler, c->vocab_size, temperature, topp, seed);
-        int n = generate(&model, &doc, prompt, n_prompt, steps, &sampler, tokp, print_ids, &first_ms, &rate);
+        int n = generate(run_model, &doc, gpu, prompt, n_prompt, steps, &sampler, tokp, print_ids, &first_ms, &rate);
         sampler_free(&sampler);
         if (n < 0) return 1;
         const char *mode = module_path ? "Nectar" : has_doc ? "exact" : "no document";
-        fprintf(stderr, "%s: document %d tokens (prefill %.1f ms), prompt %d tokens (%.1f ms to first token), "
-                "%d generated at %.1f tok/s\n", mode, n_before, module_path ? 0.0 : prefill_ms, n_prompt,
+        fprintf(stderr, "%s%s: document %d tokens (prefill %.1f ms), prompt %d tokens (%.1f ms to first token), "
+                "%d generated at %.1f tok/s\n", mode, gpu ? " (GPU)" : "", n_before, module_path ? 0.0 : prefill_ms, n_prompt,
                 first_ms, n, rate);
     }
 
-    if (need_cache) doccache_free(&cache);
+#ifdef NECTAR_CUDA
+    if (gpu) {
+        if (need_cache) doccache_free_cuda(&cache_dev);
+        if (module_path) moduleset_free_cuda(&modules_dev);
+        model_free_cuda(&model_dev);
+        nectar_cuda_free();
+    }
+#endif
+    if (need_cache && !gpu) doccache_free(&cache);
     if (module_path) moduleset_free(&modules);
     free(prompt); free(doc_ids);
     if (tokp) tokenizer_free(tokp);

@@ -684,6 +684,79 @@ void module_backward(const ModuleSet *s, const Module *mod, ModuleWork *w,
         for (size_t j = 0; j < (size_t)N * d; j++) dq[j] = mod->input_scale * w->dx[j];
 }
 
+/* ------------------------------------------------------------------------ */
+/* Fitting                                                                  */
+
+void fitbatch_alloc(FitBatch *b, const ModuleSet *s, int n_heads, int B) {
+    size_t G = s->n_kv_heads, N = (size_t)B * (n_heads / s->n_kv_heads), d = s->head_size;
+    b->B = B;
+    b->N = (int)N;
+    b->pos = xmalloc(B * sizeof(long));
+    float **rows[] = {&b->a, &b->alpha_t, &b->da}, **vecs[] = {&b->q, &b->A, &b->A_t, &b->dA};
+    for (int i = 0; i < 3; i++) *rows[i] = xmalloc(G * N * sizeof(float));      /* (G, N) */
+    for (int i = 0; i < 4; i++) *vecs[i] = xmalloc(G * N * d * sizeof(float));  /* (G, N, d) */
+}
+
+void fitbatch_free(FitBatch *b) {
+    free(b->pos); free(b->q); free(b->a); free(b->A); free(b->alpha_t); free(b->A_t); free(b->da); free(b->dA);
+    memset(b, 0, sizeof(*b));
+}
+
+double regression_grads(ModuleSet *s, ModuleWork *w, FitBatch *b, const FitTargets *t, int n_heads,
+                        float lambda_alpha, float lambda_A) {
+    int L = s->n_layers, G = s->n_kv_heads, d = s->head_size, H = n_heads, D = H * d, group = H / G, N = b->N;
+    double loss = 0;
+    for (int l = 0; l < L; l++) {
+        /* gather: row (g, bi group + j) is head g group + j at position pos[bi] */
+        for (int g = 0; g < G; g++)
+            for (int bi = 0; bi < b->B; bi++)
+                for (int j = 0; j < group; j++) {
+                    size_t row = (size_t)g * N + bi * group + j, at = (size_t)l * t->P + b->pos[bi];
+                    int h = g * group + j;
+                    memcpy(b->q + row * d, t->q + at * D + (size_t)h * d, d * sizeof(float));
+                    memcpy(b->A_t + row * d, t->A + at * D + (size_t)h * d, d * sizeof(float));
+                    b->alpha_t[row] = t->alpha[at * H + h];
+                }
+        for (int g = 0; g < G; g++) {
+            Module *mod = &s->modules[l * G + g];
+            size_t first = (size_t)g * N;
+            module_forward(s, mod, w, b->q + first * d, N, b->a + first, b->A + first * d);
+            /* L = lambda_alpha mean (a - alpha)^2 + lambda_A mean ||A_theta - A||^2 */
+            for (size_t row = first; row < first + N; row++) {
+                float ea = b->a[row] - b->alpha_t[row];
+                loss += lambda_alpha * ea * ea / N;
+                b->da[row] = 2.0f * lambda_alpha * ea / N;
+                for (int k = 0; k < d; k++) {
+                    float e = b->A[row * d + k] - b->A_t[row * d + k];
+                    loss += lambda_A * e * e / N;
+                    b->dA[row * d + k] = 2.0f * lambda_A * e / N;
+                }
+            }
+            module_backward(s, mod, w, b->q + first * d, N, b->A + first * d, b->da + first, b->dA + first * d, NULL);
+        }
+    }
+    return loss;
+}
+
+double clip_grad_norm(float *grads, size_t n, double max_norm) {
+    double norm = 0;
+    for (size_t i = 0; i < n; i++) norm += (double)grads[i] * grads[i];
+    norm = sqrt(norm);
+    if (norm > max_norm) for (size_t i = 0; i < n; i++) grads[i] *= (float)(max_norm / norm);
+    return norm;
+}
+
+void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, int step, float lr, float wd) {
+    const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+    float c1 = 1.0f - powf(b1, step), c2 = 1.0f - powf(b2, step);
+    for (size_t i = 0; i < n; i++) {
+        float g = grads[i];
+        m[i] = b1 * m[i] + (1 - b1) * g;
+        v[i] = b2 * v[i] + (1 - b2) * g * g;
+        params[i] -= lr * ((m[i] / c1) / (sqrtf(v[i] / c2) + eps) + wd * params[i]);
+    }
+}
+
 int promptset_max_len(const PromptSet *p) {
     int max_len = 1;
     for (int i = 0; i < p->n_prompts; i++)
@@ -1067,10 +1140,7 @@ static void layer_forward(const Model *m, RunState *s, const Document *doc, int 
     matmul(ntok, F, D, s->hgate, w->w2 + (size_t)l * D * F, 1.0f, s->x);
 }
 
-int forward(const Model *m, RunState *s, const Document *doc, const int *tokens, int ntok, int pos,
-            int logits) {
-    const Config *c = &m->config;
-    int D = c->dim;
+int forward_check(const Model *m, const RunState *s, const Document *doc, const int *tokens, int ntok, int pos) {
     if (ntok < 1 || ntok > s->max_block || pos < 0 || pos + ntok > s->capacity) {
         fprintf(stderr, "error: %d tokens at local position %d do not fit the run state "
                 "(block %d, capacity %d)\n", ntok, pos, s->max_block, s->capacity);
@@ -1088,6 +1158,14 @@ int forward(const Model *m, RunState *s, const Document *doc, const int *tokens,
                 s->max_doc, doc->cache->n);
         return -1;
     }
+    return 0;
+}
+
+int forward(const Model *m, RunState *s, const Document *doc, const int *tokens, int ntok, int pos,
+            int logits) {
+    const Config *c = &m->config;
+    int D = c->dim;
+    if (forward_check(m, s, doc, tokens, ntok, pos) != 0) return -1;
     s->block_pos = pos;
     s->block_ntok = ntok;
     for (int t = 0; t < ntok; t++)

@@ -234,6 +234,48 @@ void module_backward(const ModuleSet *s, const Module *mod, ModuleWork *w,
                      const float *q, int N, const float *A, const float *da, const float *dA, float *dq);
 
 /* ------------------------------------------------------------------------ */
+/* Fitting: the regression loss and AdamW (train.c's loop)                  */
+
+/* What the full-cache model records at P positions, per layer: the targets
+ * of the regression loss. */
+typedef struct {
+    long P;
+    float *q;      /* (L, P, D) rotated queries */
+    float *A;      /* (L, P, D) exact document state A(q) */
+    float *alpha;  /* (L, P, H) exact log attention mass alpha(q) */
+} FitTargets;
+
+/* One batch of B positions, a layer at a time: module g of the layer gets
+ * the N = B * (H / G) queries of its heads, row b (H / G) + j for head j of
+ * its group at position b. */
+typedef struct {
+    int B, N;
+    long *pos;            /* (B) positions in the targets */
+    float *q, *a, *A;     /* (G, N, d), (G, N), (G, N, d) module inputs and outputs */
+    float *alpha_t, *A_t; /* (G, N), (G, N, d) their targets */
+    float *da, *dA;       /* (G, N), (G, N, d) loss gradients */
+    long *pos_device;     /* GPU only (NULL on the CPU): (B) pos on the device */
+    double *row_loss;     /* GPU only: (L G N + 1) each row's loss, then their sum */
+} FitBatch;
+
+void fitbatch_alloc(FitBatch *b, const ModuleSet *s, int n_heads, int B);
+void fitbatch_free(FitBatch *b);
+/* Adds into s->grads the gradient of the regression loss of every module
+ * over the positions b->pos,
+ *   lambda_alpha mean (a - alpha)^2 + lambda_A mean ||A_theta - A||^2
+ * (means over the module's N queries), and returns the loss summed over the
+ * modules. w holds N queries. */
+double regression_grads(ModuleSet *s, ModuleWork *w, FitBatch *b, const FitTargets *t, int n_heads,
+                        float lambda_alpha, float lambda_A);
+/* Scales grads (n) down to norm max_norm when their norm is larger; returns
+ * the norm before. */
+double clip_grad_norm(float *grads, size_t n, double max_norm);
+/* One AdamW step; `step` counts from 1:
+ *   m = b1 m + (1 - b1) g,  v = b2 v + (1 - b2) g^2,
+ *   theta -= lr ((m / c1) / (sqrt(v / c2) + eps) + wd theta),  c_i = 1 - b_i^step */
+void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, int step, float lr, float wd);
+
+/* ------------------------------------------------------------------------ */
 /* Forward pass                                                             */
 
 typedef struct DocCache {
@@ -312,6 +354,9 @@ void runstate_enable_backward(RunState *s, const Model *m);
 enum { LOGITS_NONE = 0, LOGITS_LAST = 1, LOGITS_ALL = 2 };
 int forward(const Model *m, RunState *s, const Document *doc,
             const int *tokens, int ntok, int pos, int logits);
+/* forward's checks of its arguments (shared with the GPU forward): 0, or -1
+ * with a sentence. */
+int forward_check(const Model *m, const RunState *s, const Document *doc, const int *tokens, int ntok, int pos);
 
 /* Backward of the last forward (one block from local position 0, run with
  * backward enabled): given dlogits (ntok, V), adds the gradients of the

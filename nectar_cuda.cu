@@ -41,6 +41,7 @@ void *cuda_malloc_check(size_t n, const char *file, int line) {
 }
 
 static cublasHandle_t cublas;  /* created by nectar_cuda_init */
+static double *norm_partial;   /* (NORM_BLOCKS + 1) clip_grad_norm_cuda's scratch, made at first use */
 
 int nectar_cuda_init(void) {
     int n_devices = 0;
@@ -58,7 +59,9 @@ int nectar_cuda_init(void) {
 
 void nectar_cuda_free(void) {
     if (cublas) CUBLAS_CHECK(cublasDestroy(cublas));
+    CUDA_CHECK(cudaFree(norm_partial));
     cublas = NULL;
+    norm_partial = NULL;
 }
 
 /* Blocks for n threads of `threads` each. */
@@ -244,6 +247,50 @@ void attention_states_cuda(int nq, int nk, int d, const float *q, int ldq,
     CUDA_CHECK(cudaGetLastError());
 }
 
+/* Version 2: nectar.c's own structure on the GPU. s = Q K^T / sqrt(d) and
+ * A = P V through cuBLAS; between them one block per row turns s into
+ * probabilities under the causal rule:
+ *   lse = max + log sum_j exp(s_j - max),  P_j = exp(s_j - max) / sum  (j < seen),
+ *   P_j = 0 (j >= seen). */
+__global__ void softmax_rows_kernel(int nk, int visible, float *scores, float *lse, int ldlse) {
+    __shared__ float buf[32];
+    int i = blockIdx.x;
+    float *row = scores + (size_t)i * nk;  /* (nk) */
+    long long sees = (long long)visible + i;
+    int seen = sees < nk ? (int)sees : nk;
+    if (seen <= 0) {  /* empty set: state (0, -inf) */
+        for (int j = threadIdx.x; j < nk; j += blockDim.x) row[j] = 0.0f;
+        if (threadIdx.x == 0) lse[(size_t)i * ldlse] = -INFINITY;
+        return;
+    }
+    float max = -INFINITY;
+    for (int j = threadIdx.x; j < seen; j += blockDim.x) max = fmaxf(max, row[j]);
+    max = block_max(max, buf);
+    float sum = 0.0f;
+    for (int j = threadIdx.x; j < seen; j += blockDim.x) sum += expf(row[j] - max);
+    sum = block_sum(sum, buf);
+    if (threadIdx.x == 0) lse[(size_t)i * ldlse] = max + logf(sum);
+    float inv = 1.0f / sum;
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) row[j] = j < seen ? expf(row[j] - max) * inv : 0.0f;
+}
+
+void attention_states_v2_cuda(int nq, int nk, int d, const float *q, int ldq,
+                              const float *k, const float *v, int ldkv, int visible,
+                              float *A, int ldA, float *lse, int ldlse, float *scores) {
+    if (nq <= 0) return;
+    const float one = 1.0f, zero = 0.0f, scale = 1.0f / sqrtf((float)d);
+    if (nk > 0)  /* s^T (nk, nq) = K (nk, d) Q^T (d, nq) / sqrt(d), column-major */
+        CUBLAS_CHECK(cublasSgemm(cublas, CUBLAS_OP_T, CUBLAS_OP_N, nk, nq, d, &scale, k, ldkv, q, ldq,
+                                 &zero, scores, nk));
+    softmax_rows_kernel<<<nq, THREADS>>>(nk, visible, scores, lse, ldlse);
+    CUDA_CHECK(cudaGetLastError());
+    if (nk > 0)  /* A^T (d, nq) = V^T (d, nk) P^T (nk, nq) */
+        CUBLAS_CHECK(cublasSgemm(cublas, CUBLAS_OP_N, CUBLAS_OP_N, d, nq, nk, &one, v, ldkv, scores, nk,
+                                 &zero, A, ldA));
+    else
+        CUDA_CHECK(cudaMemset2D(A, ldA * sizeof(float), 0, d * sizeof(float), nq));
+}
+
 /* m = max(lse1, lse2), w_i = exp(lse_i - m):
  *   A = (w1 A1 + w2 A2) / (w1 + w2),  lse = m + log(w1 + w2).
  * Two empty states give (0, -inf). The calling thread does components
@@ -340,10 +387,83 @@ void merge_states_cuda(int n, int d, const float *A1, const float *lse1,
     CUDA_CHECK(cudaGetLastError());
 }
 
+/* Backward of attention_states (nectar.c has the derivation):
+ *   dv += P^T dA,  ds_ij = P_ij (dlse_i + dA_i . v_j - dA_i . A_i),
+ *   dq += ds K / sqrt(d),  dk += ds^T Q / sqrt(d).
+ * cuBLAS is column-major: a row-major (r, c) matrix with stride ld is its
+ * (c, r) transpose there, so each product below is written transposed. */
+
+/* One block per query row i: tmp_ij (holding dA_i . v_j) becomes ds_ij. */
+__global__ void attention_ds_kernel(int nk, int d, const float *A, const float *dA, int ldA,
+                                    const float *dlse, int ldlse, const float *scores, float *tmp) {
+    __shared__ float buf[32];
+    int i = blockIdx.x;
+    float dot = 0.0f;
+    for (int c = threadIdx.x; c < d; c += blockDim.x) dot += dA[(size_t)i * ldA + c] * A[(size_t)i * ldA + c];
+    dot = block_sum(dot, buf);  /* dA_i . A_i */
+    float g = dlse ? dlse[(size_t)i * ldlse] : 0.0f;
+    for (int j = threadIdx.x; j < nk; j += blockDim.x) {
+        size_t ij = (size_t)i * nk + j;
+        tmp[ij] = scores[ij] * (g + tmp[ij] - dot);
+    }
+}
+
+void attention_states_backward_cuda(int nq, int nk, int d, const float *q, int ldq,
+                                    const float *k, const float *v, int ldkv,
+                                    const float *A, const float *dA, int ldA, const float *dlse, int ldlse,
+                                    const float *scores, float *dq, float *dk, float *dv, float *tmp) {
+    if (nk == 0 || nq == 0) return;
+    const float one = 1.0f, zero = 0.0f, scale = 1.0f / sqrtf((float)d);
+    if (dv)  /* dv^T (d, nk) += dA^T (d, nq) P (nq, nk) */
+        CUBLAS_CHECK(cublasSgemm(cublas, CUBLAS_OP_N, CUBLAS_OP_T, d, nk, nq, &one, dA, ldA, scores, nk,
+                                 &one, dv, ldkv));
+    /* tmp^T (nk, nq) = V (nk, d) dA^T (d, nq) */
+    CUBLAS_CHECK(cublasSgemm(cublas, CUBLAS_OP_T, CUBLAS_OP_N, nk, nq, d, &one, v, ldkv, dA, ldA,
+                             &zero, tmp, nk));
+    attention_ds_kernel<<<nq, THREADS>>>(nk, d, A, dA, ldA, dlse, ldlse, scores, tmp);
+    CUDA_CHECK(cudaGetLastError());
+    if (dq)  /* dq^T (d, nq) += scale K^T (d, nk) ds^T (nk, nq) */
+        CUBLAS_CHECK(cublasSgemm(cublas, CUBLAS_OP_N, CUBLAS_OP_N, d, nq, nk, &scale, k, ldkv, tmp, nk,
+                                 &one, dq, ldq));
+    if (dk)  /* dk^T (d, nk) += scale Q^T (d, nq) ds (nq, nk) */
+        CUBLAS_CHECK(cublasSgemm(cublas, CUBLAS_OP_N, CUBLAS_OP_T, d, nk, nq, &scale, q, ldq, tmp, nk,
+                                 &one, dk, ldkv));
+}
+
 /* ------------------------------------------------------------------------ */
-/* Nectar modules                                                           */
+/* Nectar modules, batched over the KV heads of a layer                     */
 /* The MLP layout is nectar.c's (mlp_layout, exported by nectar.h), applied
- * to a device pointer. */
+ * to device pointers. The modules of a layer have one shape and sit one
+ * after another in params, so module g's tensor is module 0's plus g times
+ * the module's parameter count: a stride for cuBLAS's strided batches. */
+
+int moduleset_upload_cuda(ModuleSet *dev, const ModuleSet *host, int with_grads) {
+    *dev = *host;
+    size_t count = (size_t)host->n_layers * host->n_kv_heads;
+    dev->modules = (Module *)xmalloc(count * sizeof(Module));
+    dev->params = (float *)cuda_xmalloc(host->n_params * sizeof(float));  /* (n_params) */
+    dev->grads = with_grads ? (float *)cuda_xmalloc(host->n_params * sizeof(float)) : NULL;
+    CUDA_CHECK(cudaMemcpy(dev->params, host->params, host->n_params * sizeof(float), cudaMemcpyHostToDevice));
+    for (size_t i = 0; i < count; i++) {
+        dev->modules[i] = host->modules[i];
+        size_t offset = host->modules[i].params - host->params;
+        dev->modules[i].params = dev->params + offset;
+        dev->modules[i].grads = dev->grads ? dev->grads + offset : NULL;
+    }
+    memset(&dev->heldout, 0, sizeof(dev->heldout));  /* prompts stay with the host set */
+    return 0;
+}
+
+void moduleset_download_cuda(ModuleSet *host, const ModuleSet *dev) {
+    CUDA_CHECK(cudaMemcpy(host->params, dev->params, host->n_params * sizeof(float), cudaMemcpyDeviceToHost));
+}
+
+void moduleset_free_cuda(ModuleSet *dev) {
+    CUDA_CHECK(cudaFree(dev->params));
+    CUDA_CHECK(cudaFree(dev->grads));
+    free(dev->modules);
+    memset(dev, 0, sizeof(*dev));
+}
 
 void modulework_alloc_cuda(ModuleWork *w, const ModuleSet *s, int max_q) {
     modulework_shape(w, s, max_q);
@@ -364,16 +484,16 @@ void modulework_free_cuda(ModuleWork *w) {
     memset(w, 0, sizeof(*w));
 }
 
-float *moduleset_upload_cuda(const ModuleSet *s) {
-    float *params = (float *)cuda_xmalloc(s->n_params * sizeof(float));  /* (n_params) */
-    CUDA_CHECK(cudaMemcpy(params, s->params, s->n_params * sizeof(float), cudaMemcpyHostToDevice));
-    return params;
-}
-
 /* y = scale * x, elementwise */
 __global__ void scale_kernel(float *y, const float *x, float scale, size_t n) {
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i < n) y[i] = scale * x[i];
+}
+
+static void scale_cuda(float *y, const float *x, float scale, size_t n) {
+    if (n == 0) return;
+    scale_kernel<<<blocks_for(n, THREADS), THREADS>>>(y, x, scale, n);
+    CUDA_CHECK(cudaGetLastError());
 }
 
 /* h = SiLU(pre), elementwise */
@@ -382,57 +502,571 @@ __global__ void silu_kernel(float *h, const float *pre, size_t n) {
     if (i < n) h[i] = silu(pre[i]);
 }
 
-/* Every row of out (N, n_out) = b (n_out). */
-__global__ void fill_rows_kernel(float *out, const float *b, int N, int n_out) {
+/* dpre *= SiLU'(pre) = s (1 + pre (1 - s)), s = sigmoid(pre) */
+__global__ void silu_backward_kernel(float *dpre, const float *pre, size_t n) {
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i < (size_t)N * n_out) out[i] = b[i % n_out];
+    if (i >= n) return;
+    float sg = 1.0f / (1.0f + expf(-pre[i]));
+    dpre[i] *= sg * (1.0f + pre[i] * (1.0f - sg));
 }
 
-/* out (N, n_out) += in (N, n_in) W^T, W stored (n_out, n_in), all row-major.
- * cuBLAS is column-major: a row-major (r, c) matrix is its transpose there,
- * so this is out^T (n_out, N) += W (n_out, n_in) in^T, with W read
- * transposed from its column-major (n_in, n_out) view. */
-static void gemm_rows(int N, int n_in, int n_out, const float *in, const float *W, float *out) {
+/* Row r of matrix g of out (count, N, n_out) = b + g b_stride, (n_out). */
+__global__ void fill_rows_kernel(float *out, const float *b, size_t b_stride, int count, int N, int n_out) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x, per = (size_t)N * n_out;
+    if (i < count * per) out[i] = b[(i / per) * b_stride + i % n_out];
+}
+
+/* db_g (n_out, stride db_stride) += sum over the N rows of dout_g (N, n_out),
+ * for g < count: one thread per (g, column), adding the rows in order. */
+__global__ void bias_grad_kernel(float *db, size_t db_stride, const float *dout, int count, int N, int n_out) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)count * n_out) return;
+    size_t g = i / n_out, c = i % n_out;
+    const float *col = dout + g * N * n_out + c;
+    float sum = 0.0f;
+    for (int r = 0; r < N; r++) sum += col[(size_t)r * n_out];
+    db[g * db_stride + c] += sum;
+}
+
+/* For g < count: out_g (N, n_out) = beta out_g + in_g (N, n_in) W_g^T, with
+ * W_g (n_out, n_in); each operand a stride (in floats) from the one before.
+ * Column-major: out_g^T (n_out, N) = W_g (n_out, n_in) in_g^T (n_in, N). */
+static void matmul_batched(int count, int N, int n_in, int n_out, const float *in, size_t s_in,
+                           const float *W, size_t s_W, float beta, float *out, size_t s_out) {
     const float one = 1.0f;
-    CUBLAS_CHECK(cublasSgemm(cublas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, N, n_in, &one,
-                             W, n_in, in, n_in, &one, out, n_out));
+    CUBLAS_CHECK(cublasSgemmStridedBatched(cublas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, N, n_in, &one,
+                                           W, n_in, (long long)s_W, in, n_in, (long long)s_in,
+                                           &beta, out, n_out, (long long)s_out, count));
 }
 
-/* out (N, n_out) = in (N, n_in) W^T + b: a linear layer, W stored (n_out, n_in). */
-static void linear_forward_cuda(int N, int n_in, int n_out, const float *in, const float *W,
-                                const float *b, float *out) {
-    fill_rows_kernel<<<blocks_for((size_t)N * n_out, THREADS), THREADS>>>(out, b, N, n_out);
+/* dW_g (n_out, n_in) += dout_g^T (n_out, N) in_g (N, n_in).
+ * Column-major: dW_g^T (n_in, n_out) += in_g^T (n_in, N) dout_g (N, n_out). */
+static void weight_grad_batched(int count, int N, int n_in, int n_out, const float *dout, size_t s_dout,
+                                const float *in, size_t s_in, float *dW, size_t s_dW) {
+    const float one = 1.0f;
+    CUBLAS_CHECK(cublasSgemmStridedBatched(cublas, CUBLAS_OP_N, CUBLAS_OP_T, n_in, n_out, N, &one,
+                                           in, n_in, (long long)s_in, dout, n_out, (long long)s_dout,
+                                           &one, dW, n_in, (long long)s_dW, count));
+}
+
+/* din_g (N, n_in) += dout_g (N, n_out) W_g (n_out, n_in).
+ * Column-major: din_g^T (n_in, N) += W_g^T (n_in, n_out) dout_g^T (n_out, N). */
+static void input_grad_batched(int count, int N, int n_in, int n_out, const float *dout, size_t s_dout,
+                               const float *W, size_t s_W, float *din, size_t s_din) {
+    const float one = 1.0f;
+    CUBLAS_CHECK(cublasSgemmStridedBatched(cublas, CUBLAS_OP_N, CUBLAS_OP_N, n_in, N, n_out, &one,
+                                           W, n_in, (long long)s_W, dout, n_out, (long long)s_dout,
+                                           &one, din, n_in, (long long)s_din, count));
+}
+
+/* out_g (N, n_out) = in_g (N, n_in) W_g^T + b_g: a batch of linear layers.
+ * Inputs and outputs are dense (N rows per module); weights are `stride`
+ * apart. */
+static void linear_forward_batched(int count, int N, int n_in, int n_out, const float *in, const float *W,
+                                   const float *b, size_t stride, float *out) {
+    size_t n = (size_t)count * N * n_out;
+    fill_rows_kernel<<<blocks_for(n, THREADS), THREADS>>>(out, b, stride, count, N, n_out);
     CUDA_CHECK(cudaGetLastError());
-    gemm_rows(N, n_in, n_out, in, W, out);
+    matmul_batched(count, N, n_in, n_out, in, (size_t)N * n_in, W, stride, 1.0f, out, (size_t)N * n_out);
 }
 
-void module_forward_cuda(const ModuleSet *s, const Module *mod, const float *params,
-                         ModuleWork *w, const float *q, int N, float *a, float *A) {
+/* Backward of linear_forward_batched: dW, db (when not NULL) and din (when
+ * not NULL) accumulate. */
+static void linear_backward_batched(int count, int N, int n_in, int n_out, const float *in, const float *W,
+                                    const float *dout, size_t stride, float *dW, float *db, float *din) {
+    weight_grad_batched(count, N, n_in, n_out, dout, (size_t)N * n_out, in, (size_t)N * n_in, dW, stride);
+    if (db) {
+        bias_grad_kernel<<<blocks_for((size_t)count * n_out, THREADS), THREADS>>>(db, stride, dout, count, N, n_out);
+        CUDA_CHECK(cudaGetLastError());
+    }
+    if (din) input_grad_batched(count, N, n_in, n_out, dout, (size_t)N * n_out, W, stride, din, (size_t)N * n_in);
+}
+
+/* The modules first .. first + count - 1 must share a shape and lie one
+ * after another; returns the stride between them. */
+static size_t module_stride(const ModuleSet *s, int first, int count) {
+    const Module *m0 = &s->modules[first];
+    for (int g = 1; g < count; g++) {
+        const Module *mg = &s->modules[first + g];
+        if (mg->width != m0->width || mg->n_pairs != m0->n_pairs || mg->params != m0->params + g * m0->n_params) {
+            fprintf(stderr, "error: modules %d..%d do not share one shape; batch them one layer at a time\n",
+                    first, first + count - 1);
+            exit(1);
+        }
+    }
+    return m0->n_params;
+}
+
+void modules_forward_cuda(const ModuleSet *s, int first, int count, ModuleWork *w,
+                          const float *q, int N, float *a, float *A) {
     int d = s->head_size;
-    if (N <= 0) return;
-    const float *base = params + (mod->params - s->params);  /* this module's block on the device */
-    if (s->arch == ARCH_QUAD) {
-        const float *W = base, *Z = base + (size_t)mod->n_pairs * d;  /* (p, d) each */
-        attention_states_cuda(N, mod->n_pairs, d, q, d, W, Z, d, mod->n_pairs, A, d, a, 1, w->probs);
+    if (N <= 0 || count <= 0) return;
+    size_t stride = module_stride(s, first, count);
+    const Module *mod = &s->modules[first];
+    size_t nd = (size_t)N * d;
+    if (s->arch == ARCH_QUAD) {  /* softmax(W q / sqrt(d)) over the p learned pairs (W, Z) */
+        int p = mod->n_pairs;
+        for (int g = 0; g < count; g++) {
+            const float *W = mod->params + g * stride, *Z = W + (size_t)p * d;  /* (p, d) each */
+            attention_states_v2_cuda(N, p, d, q + g * nd, d, W, Z, d, p, A + g * nd, d, a + (size_t)g * N, 1,
+                                     w->probs + (size_t)g * N * p);
+        }
         return;
     }
     int Db = s->depth_backbone, Ds = s->depth_score, Dt = s->depth_target, width = mod->width;
-    MlpParams p;  /* views into device memory */
-    mlp_layout(d, width, Db, Ds, Dt, (float *)base, &p);
-    size_t layer_size = (size_t)N * width;
-    scale_kernel<<<blocks_for((size_t)N * d, THREADS), THREADS>>>(w->x, q, mod->input_scale, (size_t)N * d);
-    CUDA_CHECK(cudaGetLastError());  /* x = input_scale q */
+    MlpParams p;  /* module `first`'s tensors; module g's are g * stride further */
+    mlp_layout(d, width, Db, Ds, Dt, mod->params, &p);
+    size_t layer_size = (size_t)count * N * width;  /* one hidden layer of every module: (count, N, w) */
+    for (int g = 0; g < count; g++) scale_cuda(w->x + g * nd, q + g * nd, s->modules[first + g].input_scale, nd);
     for (int i = 0; i < Db + Ds + Dt; i++) {
-        float *pre = w->pre + i * layer_size, *hid = w->hid + i * layer_size;  /* (N, w) each */
+        float *pre = w->pre + i * layer_size, *hid = w->hid + i * layer_size;  /* (count, N, w) each */
         int prev = mlp_prev(i, Db, Ds);
-        linear_forward_cuda(N, d, width, w->x, p.Vq[i], p.b[i], pre);         /* Vq x + b */
-        if (prev >= 0) gemm_rows(N, width, width, w->hid + prev * layer_size, p.U[i], pre);  /* + U h_prev */
+        linear_forward_batched(count, N, d, width, w->x, p.Vq[i], p.b[i], stride, pre);  /* Vq x + b */
+        if (prev >= 0)  /* + U h_prev */
+            matmul_batched(count, N, width, width, w->hid + prev * layer_size, (size_t)N * width, p.U[i], stride,
+                           1.0f, pre, (size_t)N * width);
         silu_kernel<<<blocks_for(layer_size, THREADS), THREADS>>>(hid, pre, layer_size);  /* h = SiLU(pre) */
         CUDA_CHECK(cudaGetLastError());
     }
     int hs = mlp_head_input(0, Db, Ds, Dt), ht = mlp_head_input(1, Db, Ds, Dt);
-    const float *in_s = hs >= 0 ? w->hid + hs * layer_size : w->x;  /* (N, w) or (N, d) */
+    const float *in_s = hs >= 0 ? w->hid + hs * layer_size : w->x;  /* (count, N, w) or (count, N, d) */
     const float *in_t = ht >= 0 ? w->hid + ht * layer_size : w->x;
-    linear_forward_cuda(N, hs >= 0 ? width : d, 1, in_s, p.ws, p.bs, a);  /* a = ws . h + bs */
-    linear_forward_cuda(N, ht >= 0 ? width : d, d, in_t, p.Wt, p.bt, A);  /* A = Wt h + bt */
+    linear_forward_batched(count, N, hs >= 0 ? width : d, 1, in_s, p.ws, p.bs, stride, a);  /* a = ws . h + bs */
+    linear_forward_batched(count, N, ht >= 0 ? width : d, d, in_t, p.Wt, p.bt, stride, A);  /* A = Wt h + bt */
+}
+
+void modules_backward_cuda(const ModuleSet *s, int first, int count, ModuleWork *w, const float *q, int N,
+                           const float *A, const float *da, const float *dA, float *dq) {
+    int d = s->head_size;
+    if (N <= 0 || count <= 0) return;
+    size_t stride = module_stride(s, first, count);
+    const Module *mod = &s->modules[first];
+    size_t nd = (size_t)N * d;
+    if (dq) CUDA_CHECK(cudaMemset(dq, 0, count * nd * sizeof(float)));
+    if (s->arch == ARCH_QUAD) {
+        int p = mod->n_pairs;
+        for (int g = 0; g < count; g++) {
+            const float *W = mod->params + g * stride, *Z = W + (size_t)p * d;
+            float *dW = mod->grads + g * stride, *dZ = dW + (size_t)p * d;
+            attention_states_backward_cuda(N, p, d, q + g * nd, d, W, Z, d, A + g * nd, dA + g * nd, d,
+                                           da + (size_t)g * N, 1, w->probs + (size_t)g * N * p,
+                                           dq ? dq + g * nd : NULL, dW, dZ, w->tmp);
+        }
+        return;
+    }
+    int Db = s->depth_backbone, Ds = s->depth_score, Dt = s->depth_target, width = mod->width;
+    MlpParams p, gr;
+    mlp_layout(d, width, Db, Ds, Dt, mod->params, &p);
+    mlp_layout(d, width, Db, Ds, Dt, mod->grads, &gr);
+    size_t layer_size = (size_t)count * N * width;
+    int n_hidden = Db + Ds + Dt;
+    CUDA_CHECK(cudaMemset(w->dhid, 0, n_hidden * layer_size * sizeof(float)));
+    CUDA_CHECK(cudaMemset(w->dx, 0, count * nd * sizeof(float)));
+    /* outputs: a = ws . h_s + bs and A = Wt h_t + bt */
+    int hs = mlp_head_input(0, Db, Ds, Dt), ht = mlp_head_input(1, Db, Ds, Dt);
+    linear_backward_batched(count, N, hs >= 0 ? width : d, 1, hs >= 0 ? w->hid + hs * layer_size : w->x, p.ws,
+                            da, stride, gr.ws, gr.bs, hs >= 0 ? w->dhid + hs * layer_size : w->dx);
+    linear_backward_batched(count, N, ht >= 0 ? width : d, d, ht >= 0 ? w->hid + ht * layer_size : w->x, p.Wt,
+                            dA, stride, gr.Wt, gr.bt, ht >= 0 ? w->dhid + ht * layer_size : w->dx);
+    /* hidden layers, last first: h = SiLU(pre), pre = Vq x + U h_prev + b */
+    for (int i = n_hidden - 1; i >= 0; i--) {
+        float *pre = w->pre + i * layer_size, *dpre = w->dhid + i * layer_size;
+        silu_backward_kernel<<<blocks_for(layer_size, THREADS), THREADS>>>(dpre, pre, layer_size);
+        CUDA_CHECK(cudaGetLastError());
+        linear_backward_batched(count, N, d, width, w->x, p.Vq[i], dpre, stride, gr.Vq[i], gr.b[i], w->dx);
+        int prev = mlp_prev(i, Db, Ds);
+        if (prev >= 0)
+            linear_backward_batched(count, N, width, width, w->hid + prev * layer_size, p.U[i], dpre, stride,
+                                    gr.U[i], NULL, w->dhid + prev * layer_size);
+    }
+    if (dq)  /* x = input_scale q */
+        for (int g = 0; g < count; g++) scale_cuda(dq + g * nd, w->dx + g * nd, s->modules[first + g].input_scale, nd);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Fitting                                                                  */
+
+static float *upload_floats(const float *host, size_t n) {
+    float *dev = (float *)cuda_xmalloc(n * sizeof(float));
+    if (n) CUDA_CHECK(cudaMemcpy(dev, host, n * sizeof(float), cudaMemcpyHostToDevice));
+    return dev;
+}
+
+void fittargets_upload_cuda(FitTargets *dev, const FitTargets *host, int n_layers, int dim, int n_heads) {
+    size_t rows = (size_t)n_layers * host->P;
+    dev->P = host->P;
+    dev->q = upload_floats(host->q, rows * dim);          /* (L, P, D) */
+    dev->A = upload_floats(host->A, rows * dim);          /* (L, P, D) */
+    dev->alpha = upload_floats(host->alpha, rows * n_heads);  /* (L, P, H) */
+}
+
+void fittargets_free_cuda(FitTargets *t) {
+    CUDA_CHECK(cudaFree(t->q)); CUDA_CHECK(cudaFree(t->A)); CUDA_CHECK(cudaFree(t->alpha));
+    memset(t, 0, sizeof(*t));
+}
+
+void fitbatch_alloc_cuda(FitBatch *b, const ModuleSet *s, int n_heads, int B) {
+    size_t G = s->n_kv_heads, N = (size_t)B * (n_heads / s->n_kv_heads), d = s->head_size;
+    b->B = B;
+    b->N = (int)N;
+    b->pos = (long *)xmalloc(B * sizeof(long));
+    b->pos_device = (long *)cuda_xmalloc(B * sizeof(long));
+    float **rows[] = {&b->a, &b->alpha_t, &b->da}, **vecs[] = {&b->q, &b->A, &b->A_t, &b->dA};
+    for (int i = 0; i < 3; i++) *rows[i] = (float *)cuda_xmalloc(G * N * sizeof(float));      /* (G, N) */
+    for (int i = 0; i < 4; i++) *vecs[i] = (float *)cuda_xmalloc(G * N * d * sizeof(float));  /* (G, N, d) */
+    b->row_loss = (double *)cuda_xmalloc(((size_t)s->n_layers * G * N + 1) * sizeof(double));
+}
+
+void fitbatch_free_cuda(FitBatch *b) {
+    free(b->pos);
+    void *bufs[] = {b->pos_device, b->q, b->a, b->A, b->alpha_t, b->A_t, b->da, b->dA, b->row_loss};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) CUDA_CHECK(cudaFree(bufs[i]));
+    memset(b, 0, sizeof(*b));
+}
+
+/* One thread per (row, component) of layer l's batch: row (g, bi group + j)
+ * is head g group + j at position pos[bi]. */
+__global__ void fit_gather_kernel(float *q, float *A_t, float *alpha_t, const float *tq, const float *tA,
+                                  const float *talpha, const long *pos, long P, int l, int G, int B,
+                                  int group, int d) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x, N = (size_t)B * group;
+    if (i >= G * N * d) return;
+    size_t row = i / d, c = i % d;
+    int g = (int)(row / N), bi = (int)(row % N) / group, j = (int)(row % N) % group;
+    int h = g * group + j, H = G * group;
+    size_t at = (size_t)l * P + pos[bi];
+    q[i] = tq[at * H * d + (size_t)h * d + c];
+    A_t[i] = tA[at * H * d + (size_t)h * d + c];
+    if (c == 0) alpha_t[row] = talpha[at * H + h];
+}
+
+/* One thread per row: L = lambda_alpha mean (a - alpha)^2 + lambda_A mean ||A_theta - A||^2,
+ * its gradients da, dA and the row's share of the loss. */
+__global__ void fit_loss_kernel(const float *a, const float *A, const float *alpha_t, const float *A_t,
+                                float *da, float *dA, double *row_loss, int rows, int N, int d,
+                                float lambda_alpha, float lambda_A) {
+    int row = blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= rows) return;
+    float ea = a[row] - alpha_t[row];
+    double loss = lambda_alpha * ea * ea / N;
+    da[row] = 2.0f * lambda_alpha * ea / N;
+    for (int k = 0; k < d; k++) {
+        size_t i = (size_t)row * d + k;
+        float e = A[i] - A_t[i];
+        loss += lambda_A * e * e / N;
+        dA[i] = 2.0f * lambda_A * e / N;
+    }
+    row_loss[row] = loss;
+}
+
+/* sums[n] = sum of x[0..n), added in order by one thread */
+__global__ void serial_sum_kernel(double *x, size_t n) {
+    double sum = 0;
+    for (size_t i = 0; i < n; i++) sum += x[i];
+    x[n] = sum;
+}
+
+double regression_grads_cuda(ModuleSet *s, ModuleWork *w, FitBatch *b, const FitTargets *t, int n_heads,
+                             float lambda_alpha, float lambda_A) {
+    int L = s->n_layers, G = s->n_kv_heads, d = s->head_size, group = n_heads / G, N = b->N;
+    size_t rows = (size_t)G * N;
+    CUDA_CHECK(cudaMemcpy(b->pos_device, b->pos, b->B * sizeof(long), cudaMemcpyHostToDevice));
+    for (int l = 0; l < L; l++) {
+        fit_gather_kernel<<<blocks_for(rows * d, THREADS), THREADS>>>(b->q, b->A_t, b->alpha_t, t->q, t->A, t->alpha,
+                                                                      b->pos_device, t->P, l, G, b->B, group, d);
+        CUDA_CHECK(cudaGetLastError());
+        modules_forward_cuda(s, l * G, G, w, b->q, N, b->a, b->A);
+        fit_loss_kernel<<<blocks_for(rows, THREADS), THREADS>>>(b->a, b->A, b->alpha_t, b->A_t, b->da, b->dA,
+                                                                b->row_loss + l * rows, (int)rows, N, d,
+                                                                lambda_alpha, lambda_A);
+        CUDA_CHECK(cudaGetLastError());
+        modules_backward_cuda(s, l * G, G, w, b->q, N, b->A, b->da, b->dA, NULL);
+    }
+    size_t n = (size_t)L * rows;
+    serial_sum_kernel<<<1, 1>>>(b->row_loss, n);
+    CUDA_CHECK(cudaGetLastError());
+    double loss;
+    CUDA_CHECK(cudaMemcpy(&loss, b->row_loss + n, sizeof(double), cudaMemcpyDeviceToHost));
+    return loss;
+}
+
+enum { NORM_BLOCKS = 256 };  /* blocks of the sum of squares; their partial sums are added in order */
+
+/* partial[block] = sum of x_i^2 over the block's grid-stride share, in double;
+ * the block adds its threads' sums as a tree in shared memory. */
+__global__ void sum_squares_kernel(const float *x, size_t n, double *partial) {
+    __shared__ double tree[THREADS];
+    double sum = 0;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        sum += (double)x[i] * x[i];
+    tree[threadIdx.x] = sum;
+    __syncthreads();
+    for (int half = blockDim.x / 2; half > 0; half /= 2) {
+        if ((int)threadIdx.x < half) tree[threadIdx.x] += tree[threadIdx.x + half];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) partial[blockIdx.x] = tree[0];
+}
+
+double clip_grad_norm_cuda(float *grads, size_t n, double max_norm) {
+    if (!norm_partial) norm_partial = (double *)cuda_xmalloc((NORM_BLOCKS + 1) * sizeof(double));
+    sum_squares_kernel<<<NORM_BLOCKS, THREADS>>>(grads, n, norm_partial);
+    CUDA_CHECK(cudaGetLastError());
+    serial_sum_kernel<<<1, 1>>>(norm_partial, NORM_BLOCKS);
+    CUDA_CHECK(cudaGetLastError());
+    double norm;
+    CUDA_CHECK(cudaMemcpy(&norm, norm_partial + NORM_BLOCKS, sizeof(double), cudaMemcpyDeviceToHost));
+    norm = sqrt(norm);
+    if (norm > max_norm) scale_cuda(grads, grads, (float)(max_norm / norm), n);
+    return norm;
+}
+
+/* AdamW, elementwise (c1, c2: the bias corrections 1 - b_i^step, from the host):
+ *   m = b1 m + (1 - b1) g,  v = b2 v + (1 - b2) g^2,
+ *   theta -= lr ((m / c1) / (sqrt(v / c2) + eps) + wd theta) */
+__global__ void adamw_kernel(float *params, const float *grads, float *m, float *v, size_t n,
+                             float c1, float c2, float lr, float wd) {
+    const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = grads[i];
+    m[i] = b1 * m[i] + (1 - b1) * g;
+    v[i] = b2 * v[i] + (1 - b2) * g * g;
+    params[i] -= lr * ((m[i] / c1) / (sqrtf(v[i] / c2) + eps) + wd * params[i]);
+}
+
+void adamw_update_cuda(float *params, const float *grads, float *m, float *v, size_t n, int step,
+                       float lr, float wd) {
+    if (n == 0) return;
+    float c1 = 1.0f - powf(0.9f, step), c2 = 1.0f - powf(0.999f, step);
+    adamw_kernel<<<blocks_for(n, THREADS), THREADS>>>(params, grads, m, v, n, c1, c2, lr, wd);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+/* ------------------------------------------------------------------------ */
+/* Forward pass: layer_forward of nectar.c, kernel for loop                 */
+
+int model_upload_cuda(Model *dev, const Model *host) {
+    *dev = *host;
+    dev->params = upload_floats(host->params, host->n_params);  /* (n_params) */
+    weights_view(&dev->config, dev->shared_classifier, dev->params, &dev->w);
+    return 0;
+}
+
+void model_free_cuda(Model *dev) {
+    CUDA_CHECK(cudaFree(dev->params));
+    memset(dev, 0, sizeof(*dev));
+}
+
+int doccache_upload_cuda(DocCache *dev, const DocCache *host) {
+    *dev = *host;
+    size_t count = (size_t)host->n_layers * host->n * host->kv_dim;
+    dev->key = upload_floats(host->key, count);      /* (L, n, KVD) */
+    dev->value = upload_floats(host->value, count);  /* (L, n, KVD) */
+    return 0;
+}
+
+void doccache_free_cuda(DocCache *dev) {
+    CUDA_CHECK(cudaFree(dev->key)); CUDA_CHECK(cudaFree(dev->value));
+    memset(dev, 0, sizeof(*dev));
+}
+
+void runstate_alloc_cuda(RunStateCuda *rs, const Model *m, const Document *doc, int max_block, int capacity) {
+    memset(rs, 0, sizeof(*rs));
+    RunState *s = &rs->s;
+    const Config *c = &m->config;
+    size_t B = max_block, D = c->dim, F = c->hidden_dim, H = c->n_heads, d = D / H;
+    size_t KVD = d * c->n_kv_heads;
+    s->max_block = max_block;
+    s->capacity = capacity;
+    s->max_doc = doc && doc->mode == DOC_EXACT && doc->cache ? doc->cache->n : 0;
+    size_t keys = s->max_doc > capacity ? s->max_doc : capacity;
+    float **model_rows[] = {&s->x, &s->xb, &s->q, &s->att, &s->doc_A, &s->loc_A, &s->x_mid, &s->xb2};
+    for (size_t i = 0; i < sizeof(model_rows) / sizeof(model_rows[0]); i++)
+        *model_rows[i] = (float *)cuda_xmalloc(B * D * sizeof(float));            /* (B, D) */
+    float **ffn_rows[] = {&s->hb, &s->hb2, &s->hgate};
+    for (int i = 0; i < 3; i++) *ffn_rows[i] = (float *)cuda_xmalloc(B * F * sizeof(float));  /* (B, F) */
+    s->k = (float *)cuda_xmalloc(B * KVD * sizeof(float));                     /* (B, KVD) */
+    s->v = (float *)cuda_xmalloc(B * KVD * sizeof(float));
+    s->doc_lse = (float *)cuda_xmalloc(B * H * sizeof(float));                 /* (B, H) */
+    s->loc_lse = (float *)cuda_xmalloc(B * H * sizeof(float));
+    s->scores = (float *)cuda_xmalloc(B * keys * sizeof(float));               /* (B, max(n, capacity)) */
+    s->logits = (float *)cuda_xmalloc(B * c->vocab_size * sizeof(float));      /* (B, V) */
+    s->key_cache = (float *)cuda_xmalloc((size_t)c->n_layers * capacity * KVD * sizeof(float));    /* (L, capacity, KVD) */
+    s->value_cache = (float *)cuda_xmalloc((size_t)c->n_layers * capacity * KVD * sizeof(float));
+    if (doc && doc->mode == DOC_NECTAR) {
+        s->mq = (float *)cuda_xmalloc(B * D * sizeof(float));  /* (G, B H / G, d) */
+        s->ma = (float *)cuda_xmalloc(B * H * sizeof(float));  /* (G, B H / G) */
+        s->mA = (float *)cuda_xmalloc(B * D * sizeof(float));  /* (G, B H / G, d) */
+        modulework_alloc_cuda(&s->work, doc->modules, (int)(B * H));  /* all G modules of a layer at once */
+    }
+    size_t chunks = attention_decode_chunks_cuda((int)keys);
+    rs->part_A = (float *)cuda_xmalloc(H * chunks * d * sizeof(float));  /* (H, chunks, d) */
+    rs->part_lse = (float *)cuda_xmalloc(H * chunks * sizeof(float));    /* (H, chunks) */
+    rs->tokens = (int *)cuda_xmalloc(B * sizeof(int));                   /* (B) */
+    rs->logits = (float *)xmalloc(B * c->vocab_size * sizeof(float));    /* (B, V) host */
+}
+
+void runstate_free_cuda(RunStateCuda *rs) {
+    RunState *s = &rs->s;
+    float *bufs[] = {s->x, s->xb, s->q, s->k, s->v, s->att, s->doc_A, s->doc_lse, s->loc_A, s->loc_lse,
+                     s->x_mid, s->xb2, s->hb, s->hb2, s->hgate, s->scores, s->logits, s->key_cache,
+                     s->value_cache, s->mq, s->ma, s->mA, rs->part_A, rs->part_lse};
+    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) CUDA_CHECK(cudaFree(bufs[i]));
+    if (s->work.x) modulework_free_cuda(&s->work);
+    CUDA_CHECK(cudaFree(rs->tokens));
+    free(rs->logits);
+    memset(rs, 0, sizeof(*rs));
+}
+
+void matmul_cuda(int rows, int n_in, int n_out, const float *x, const float *W, float beta, float *y) {
+    matmul_batched(1, rows, n_in, n_out, x, 0, W, 0, beta, y, 0);
+}
+
+/* copy_rows of nectar.c: rows of `width` floats between strided matrices. */
+static void copy_rows_cuda(float *dst, int ld_dst, const float *src, int ld_src, int rows, int width) {
+    CUDA_CHECK(cudaMemcpy2D(dst, ld_dst * sizeof(float), src, ld_src * sizeof(float), width * sizeof(float),
+                            rows, cudaMemcpyDeviceToDevice));
+}
+
+/* x row t = token_embedding row tokens[t] */
+__global__ void embed_kernel(float *x, const float *embedding, const int *tokens, int ntok, int D) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i < (size_t)ntok * D) x[i] = embedding[(size_t)tokens[i / D] * D + i % D];
+}
+
+/* The local tokens' state: causal attention over the local keys so far. A
+ * single query sees every cached key: the split-KV decode. */
+static void local_states_cuda(const Model *m, RunStateCuda *rs, int l, int ntok, int pos) {
+    RunState *s = &rs->s;
+    const Config *c = &m->config;
+    int d = c->dim / c->n_heads, KVD = d * c->n_kv_heads, group = c->n_heads / c->n_kv_heads;
+    size_t layer = (size_t)l * s->capacity * KVD;
+    if (ntok == 1) {
+        attention_states_decode_cuda(c->n_heads, c->n_kv_heads, pos + 1, d, s->q, s->key_cache + layer,
+                                     s->value_cache + layer, KVD, s->loc_A, s->loc_lse, rs->part_A, rs->part_lse);
+        return;
+    }
+    for (int h = 0; h < c->n_heads; h++) {
+        size_t kv = layer + (size_t)(h / group) * d;
+        attention_states_v2_cuda(ntok, pos + ntok, d, s->q + h * d, c->dim, s->key_cache + kv, s->value_cache + kv,
+                                 KVD, pos + 1, s->loc_A + h * d, c->dim, s->loc_lse + h, c->n_heads, s->scores);
+    }
+}
+
+/* Exact: the document's state from its KV cache (none: the empty state). */
+static void document_states_exact_cuda(const Model *m, RunStateCuda *rs, const DocCache *cache, int l, int ntok) {
+    RunState *s = &rs->s;
+    const Config *c = &m->config;
+    int d = c->dim / c->n_heads, KVD = d * c->n_kv_heads, group = c->n_heads / c->n_kv_heads;
+    int n = cache ? cache->n : 0;
+    const float *key = n ? cache->key + (size_t)l * n * KVD : NULL, *value = n ? cache->value + (size_t)l * n * KVD : NULL;
+    if (ntok == 1) {
+        attention_states_decode_cuda(c->n_heads, c->n_kv_heads, n, d, s->q, key, value, KVD, s->doc_A, s->doc_lse,
+                                     rs->part_A, rs->part_lse);
+        return;
+    }
+    for (int h = 0; h < c->n_heads; h++) {
+        size_t kv = (size_t)(h / group) * d;
+        attention_states_v2_cuda(ntok, n, d, s->q + h * d, c->dim, n ? key + kv : NULL, n ? value + kv : NULL, KVD,
+                                 n, s->doc_A + h * d, c->dim, s->doc_lse + h, c->n_heads, s->scores);
+    }
+}
+
+/* Nectar: the document's state from the layer's G modules in one batch;
+ * module g gets the ntok x group queries of its heads, (G, ntok group, d). */
+static void document_states_nectar_cuda(const Model *m, RunStateCuda *rs, const ModuleSet *ms, int l, int ntok) {
+    RunState *s = &rs->s;
+    const Config *c = &m->config;
+    int d = c->dim / c->n_heads, G = c->n_kv_heads, group = c->n_heads / G, N = ntok * group;
+    for (int g = 0; g < G; g++)
+        copy_rows_cuda(s->mq + (size_t)g * N * d, group * d, s->q + g * group * d, c->dim, ntok, group * d);
+    modules_forward_cuda(ms, l * G, G, &s->work, s->mq, N, s->ma, s->mA);
+    for (int g = 0; g < G; g++) {
+        copy_rows_cuda(s->doc_A + g * group * d, c->dim, s->mA + (size_t)g * N * d, group * d, ntok, group * d);
+        copy_rows_cuda(s->doc_lse + g * group, c->n_heads, s->ma + (size_t)g * N, group, ntok, group);
+    }
+}
+
+/* One transformer layer over the block: s->x (ntok, D) in, s->x out. */
+static void layer_forward_cuda(const Model *m, RunStateCuda *rs, const Document *doc, int l, int ntok, int pos) {
+    RunState *s = &rs->s;
+    const Config *c = &m->config;
+    const Weights *w = &m->w;
+    int D = c->dim, F = c->hidden_dim, d = D / c->n_heads, KVD = d * c->n_kv_heads;
+    rmsnorm_cuda(s->xb, s->x, w->rms_att + (size_t)l * D, ntok, D);
+    /* q, k, v (B, D / KVD) = xb Wq^T, xb Wk^T, xb Wv^T */
+    matmul_cuda(ntok, D, D, s->xb, w->wq + (size_t)l * D * D, 0.0f, s->q);
+    matmul_cuda(ntok, D, KVD, s->xb, w->wk + (size_t)l * KVD * D, 0.0f, s->k);
+    matmul_cuda(ntok, D, KVD, s->xb, w->wv + (size_t)l * KVD * D, 0.0f, s->v);
+    rope_cuda(s->q, ntok, D, D, d, doc->n + pos, 1.0f);  /* local tokens follow the document */
+    rope_cuda(s->k, ntok, KVD, KVD, d, doc->n + pos, 1.0f);
+    size_t cache_row = ((size_t)l * s->capacity + pos) * KVD;
+    CUDA_CHECK(cudaMemcpy(s->key_cache + cache_row, s->k, (size_t)ntok * KVD * sizeof(float), cudaMemcpyDeviceToDevice));
+    CUDA_CHECK(cudaMemcpy(s->value_cache + cache_row, s->v, (size_t)ntok * KVD * sizeof(float), cudaMemcpyDeviceToDevice));
+
+    /* exact or Nectar: where the document's state comes from */
+    if (doc->mode == DOC_NECTAR) document_states_nectar_cuda(m, rs, doc->modules, l, ntok);
+    else document_states_exact_cuda(m, rs, doc->cache, l, ntok);
+    local_states_cuda(m, rs, l, ntok, pos);
+    merge_states_cuda(ntok * c->n_heads, d, s->doc_A, s->doc_lse, s->loc_A, s->loc_lse, s->att, NULL);
+
+    /* x_mid = x + att Wo^T */
+    CUDA_CHECK(cudaMemcpy(s->x_mid, s->x, (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
+    matmul_cuda(ntok, D, D, s->att, w->wo + (size_t)l * D * D, 1.0f, s->x_mid);
+    /* x = x_mid + W2 (SiLU(W1 xb2) * W3 xb2), xb2 = rmsnorm(x_mid) */
+    rmsnorm_cuda(s->xb2, s->x_mid, w->rms_ffn + (size_t)l * D, ntok, D);
+    matmul_cuda(ntok, D, F, s->xb2, w->w1 + (size_t)l * F * D, 0.0f, s->hb);
+    matmul_cuda(ntok, D, F, s->xb2, w->w3 + (size_t)l * F * D, 0.0f, s->hb2);
+    swiglu_cuda(s->hgate, s->hb, s->hb2, (size_t)ntok * F);
+    CUDA_CHECK(cudaMemcpy(s->x, s->x_mid, (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
+    matmul_cuda(ntok, F, D, s->hgate, w->w2 + (size_t)l * D * F, 1.0f, s->x);
+}
+
+int forward_cuda(const Model *m, RunStateCuda *rs, const Document *doc, const int *tokens, int ntok, int pos,
+                 int logits) {
+    RunState *s = &rs->s;
+    const Config *c = &m->config;
+    int D = c->dim, V = c->vocab_size;
+    if (forward_check(m, s, doc, tokens, ntok, pos) != 0) return -1;
+    s->block_pos = pos;
+    s->block_ntok = ntok;
+    CUDA_CHECK(cudaMemcpy(rs->tokens, tokens, ntok * sizeof(int), cudaMemcpyHostToDevice));
+    embed_kernel<<<blocks_for((size_t)ntok * D, THREADS), THREADS>>>(s->x, m->w.token_embedding, rs->tokens, ntok, D);
+    CUDA_CHECK(cudaGetLastError());
+    for (int l = 0; l < c->n_layers; l++) layer_forward_cuda(m, rs, doc, l, ntok, pos);
+    if (logits == LOGITS_NONE) return 0;
+    int first = logits == LOGITS_ALL ? 0 : ntok - 1, rows = ntok - first;
+    rmsnorm_cuda(s->xb + (size_t)first * D, s->x + (size_t)first * D, m->w.rms_final, rows, D);
+    /* logits (rows, V) = xb Wcls^T */
+    matmul_cuda(rows, D, V, s->xb + (size_t)first * D, m->w.wcls, 0.0f, s->logits + (size_t)first * V);
+    CUDA_CHECK(cudaMemcpy(rs->logits + (size_t)first * V, s->logits + (size_t)first * V, (size_t)rows * V * sizeof(float),
+                          cudaMemcpyDeviceToHost));
+    return 0;
+}
+
+int doccache_build_cuda(DocCache *dev, const Model *m, const int *tokens, int n, int block) {
+    memset(dev, 0, sizeof(*dev));
+    if (n < 1) {
+        fprintf(stderr, "error: the document is empty\n");
+        return -1;
+    }
+    if (check_tokens(m, tokens, n, "document") != 0) return -1;
+    if (block > n) block = n;
+    Document none = {DOC_EXACT, 0, NULL, NULL};
+    RunStateCuda s;
+    runstate_alloc_cuda(&s, m, &none, block, n);
+    for (int pos = 0; pos < n; pos += block) {
+        int len = n - pos < block ? n - pos : block;
+        if (forward_cuda(m, &s, &none, tokens + pos, len, pos, LOGITS_NONE) != 0) return -1;
+    }
+    /* the document's local cache becomes its KV cache */
+    dev->n = n;
+    dev->n_layers = m->config.n_layers;
+    dev->kv_dim = m->config.dim / m->config.n_heads * m->config.n_kv_heads;
+    dev->key = s.s.key_cache; s.s.key_cache = NULL;
+    dev->value = s.s.value_cache; s.s.value_cache = NULL;
+    dev->fingerprint = document_fingerprint(tokens, n);
+    runstate_free_cuda(&s);
+    return 0;
 }

@@ -52,6 +52,9 @@ void rmsnorm_cuda(float *o, const float *x, const float *w, int rows, int n);
 void rope_cuda(float *vec, int rows, int ld, int n, int head_size, int pos, float direction);
 /* hgate = SiLU(hb) * hb2, elementwise; each (n). */
 void swiglu_cuda(float *hgate, const float *hb, const float *hb2, size_t n);
+/* y (rows, n_out) = beta y + x (rows, n_in) W^T, W stored (n_out, n_in):
+ * the matmul of nectar.c, through cuBLAS. */
+void matmul_cuda(int rows, int n_in, int n_out, const float *x, const float *W, float beta, float *y);
 
 /* ------------------------------------------------------------------------ */
 /* Attention states                                                         */
@@ -59,11 +62,18 @@ void swiglu_cuda(float *hgate, const float *hb, const float *hb2, size_t n);
 /* attention_states on the GPU, the same interface and `visible` rule: query
  * i sees keys j < visible + i; an empty set gives (0, -inf). scores: (nq, nk)
  * scratch, left holding the softmax probabilities as on the CPU. Head size
- * d <= 256. */
+ * d <= 256. Version 1: one block per query does it all (its keys re-read
+ * for every query). */
 void attention_states_cuda(int nq, int nk, int d,
                            const float *q, int ldq,
                            const float *k, const float *v, int ldkv, int visible,
                            float *A, int ldA, float *lse, int ldlse, float *scores);
+/* Version 2, the same interface and results: nectar.c's structure, scores
+ * and A = P V through cuBLAS, a softmax kernel between (any head size).
+ * The forward pass and the quadrature modules use this one. */
+void attention_states_v2_cuda(int nq, int nk, int d, const float *q, int ldq,
+                              const float *k, const float *v, int ldkv, int visible,
+                              float *A, int ldA, float *lse, int ldlse, float *scores);
 /* Decode: one query per head over nk keys (all visible), split over the keys.
  * Each block computes the state of one head over one chunk of keys; a second
  * kernel folds the chunk states with the log-sum-exp merge. q: (H, d);
@@ -79,20 +89,85 @@ void attention_states_decode_cuda(int n_heads, int n_kv_heads, int nk, int d,
 void merge_states_cuda(int n, int d, const float *A1, const float *lse1,
                        const float *A2, const float *lse2, float *A, float *lse);
 
-/* ------------------------------------------------------------------------ */
-/* Nectar modules                                                           */
+/* Backward of attention_states, as on the CPU: adds into dq, dk, dv (any
+ * may be NULL) from dA and dlse (NULL = 0), the forward's A and the
+ * probabilities it left in scores. tmp: (nq, nk) scratch. */
+void attention_states_backward_cuda(int nq, int nk, int d, const float *q, int ldq,
+                                    const float *k, const float *v, int ldkv,
+                                    const float *A, const float *dA, int ldA, const float *dlse, int ldlse,
+                                    const float *scores, float *dq, float *dk, float *dv, float *tmp);
 
-/* The ModuleWork of nectar.h with every buffer in device memory, same shapes. */
+/* ------------------------------------------------------------------------ */
+/* Nectar modules, batched over the KV heads of a layer                     */
+
+/* A device copy of a module set: the same host struct, with params (and
+ * grads, zeroed, when with_grads) and every module's views in device
+ * memory. Returns 0. Free with moduleset_free_cuda. */
+int  moduleset_upload_cuda(ModuleSet *dev, const ModuleSet *host, int with_grads);
+/* The device parameters back into host->params. */
+void moduleset_download_cuda(ModuleSet *host, const ModuleSet *dev);
+void moduleset_free_cuda(ModuleSet *dev);
+/* The ModuleWork of nectar.h with every buffer in device memory, same
+ * shapes; max_q counts the queries of all the modules run in one batch. */
 void modulework_alloc_cuda(ModuleWork *w, const ModuleSet *s, int max_q);
 void modulework_free_cuda(ModuleWork *w);
-/* A device copy of s->params (n_params); free it with cudaFree. */
-float *moduleset_upload_cuda(const ModuleSet *s);
-/* module_forward on the GPU: q (N, d) -> a (N), A (N, d). s and mod are the
- * host structs (shapes, and where mod's block sits in s->params); params is
- * moduleset_upload_cuda(s). MLP: cuBLAS for the linear layers; quadrature:
- * attention_states_cuda over the p learned pairs. */
-void module_forward_cuda(const ModuleSet *s, const Module *mod, const float *params,
-                         ModuleWork *w, const float *q, int N, float *a, float *A);
+/* module_forward for `count` modules first, first + 1, ... of one layer
+ * (one shape) in one batch, N queries each: q (count, N, d) -> a (count, N),
+ * A (count, N, d). s: a device module set. MLP: strided-batched cuBLAS for
+ * the linear layers; quadrature: attention_states_cuda over the p pairs. */
+void modules_forward_cuda(const ModuleSet *s, int first, int count, ModuleWork *w,
+                          const float *q, int N, float *a, float *A);
+/* module_backward of the last modules_forward_cuda on w: adds parameter
+ * gradients into the modules' grads, writes dq (count, N, d) if not NULL. */
+void modules_backward_cuda(const ModuleSet *s, int first, int count, ModuleWork *w, const float *q, int N,
+                           const float *A, const float *da, const float *dA, float *dq);
+
+/* ------------------------------------------------------------------------ */
+/* Fitting                                                                  */
+
+/* The targets on the device (same shapes); free with fittargets_free_cuda. */
+void fittargets_upload_cuda(FitTargets *dev, const FitTargets *host, int n_layers, int dim, int n_heads);
+void fittargets_free_cuda(FitTargets *t);
+/* A FitBatch in device memory (pos stays on the host), plus row_loss. */
+void fitbatch_alloc_cuda(FitBatch *b, const ModuleSet *s, int n_heads, int B);
+void fitbatch_free_cuda(FitBatch *b);
+/* regression_grads on the GPU: each layer's G modules in one batch. s, w,
+ * t: device; b from fitbatch_alloc_cuda with b->pos set on the host. */
+double regression_grads_cuda(ModuleSet *s, ModuleWork *w, FitBatch *b, const FitTargets *t, int n_heads,
+                             float lambda_alpha, float lambda_A);
+double clip_grad_norm_cuda(float *grads, size_t n, double max_norm);
+void   adamw_update_cuda(float *params, const float *grads, float *m, float *v, size_t n, int step,
+                         float lr, float wd);
+
+/* ------------------------------------------------------------------------ */
+/* Forward pass                                                             */
+
+/* A device copy of the model: the same struct, params and views on the GPU. */
+int  model_upload_cuda(Model *dev, const Model *host);
+void model_free_cuda(Model *dev);
+/* The document's KV cache on the GPU: a copy of a host cache, or built by a
+ * GPU prefill (forward_cuda over the document in blocks). */
+int  doccache_upload_cuda(DocCache *dev, const DocCache *host);
+int  doccache_build_cuda(DocCache *dev, const Model *m, const int *tokens, int n, int block);
+void doccache_free_cuda(DocCache *dev);
+
+/* The RunState of nectar.h in device memory (the buffers forward uses), the
+ * split-KV scratch of the decode, and a host copy of the logits. */
+typedef struct {
+    RunState s;
+    float *part_A, *part_lse;  /* (H, chunks, d), (H, chunks) */
+    int *tokens;               /* (B) the block's ids */
+    float *logits;             /* (B, V) host: what forward_cuda computed */
+} RunStateCuda;
+
+/* doc: as on the CPU, with its cache or modules on the device. */
+void runstate_alloc_cuda(RunStateCuda *s, const Model *m, const Document *doc, int max_block, int capacity);
+void runstate_free_cuda(RunStateCuda *s);
+/* forward on the GPU: the same arguments and checks (m, doc on the device);
+ * the logits asked for land in s->logits on the host. A single token
+ * (decode) attends with the split-KV kernel. */
+int forward_cuda(const Model *m, RunStateCuda *s, const Document *doc,
+                 const int *tokens, int ntok, int pos, int logits);
 
 #ifdef __cplusplus
 }

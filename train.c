@@ -8,10 +8,14 @@
  * 2. teacher pass: the full-cache model runs every prompt after the document
  *    and records, per position, layer and query head, q, alpha(q) and A(q);
  * 3. fitting: per (layer, KV head) module, AdamW with warmup and cosine
- *    decay, global gradient clipping at 1.0;
+ *    decay, global gradient clipping at 1.0 (on the GPU with --gpu, in a
+ *    build with nvcc: the regression loss, each layer's modules batched);
  * 4. the module file (with the held-out prompts) and the metrics.
  */
 #include "nectar.h"
+#ifdef NECTAR_CUDA
+#include "nectar_cuda.h"
+#endif
 
 #include <errno.h>
 #include <math.h>
@@ -24,7 +28,7 @@ typedef struct {
     const char *prompts_text_path, *prompts_ids_path, *checkpoint_path, *resume_path;
     ModuleArch arch;
     float rho, lr, weight_decay, warmup_fraction, lambda_alpha, lambda_A, lambda_kl;
-    int steps, batch, kl_prompts, n_prompts, prompt_len, answer_len, checkpoint_every, stop_after, json;
+    int steps, batch, kl_prompts, n_prompts, prompt_len, answer_len, checkpoint_every, stop_after, json, gpu;
     int depth_backbone, depth_score, depth_target;
     char groups[256];
     unsigned long long seed;
@@ -59,6 +63,7 @@ static void usage(FILE *f) {
         "  --stop-after N    stop after step N (with a checkpoint), as if interrupted\n"
         "  -s SEED           seed of prompts, split, init and batches (default 1234)\n"
         "  --json            one JSON object on stdout instead of tables\n"
+        "  --gpu             fit on the GPU (builds with nvcc; regression loss only)\n"
         "  --help            this text\n");
 }
 
@@ -77,6 +82,7 @@ static int parse_options(int argc, char **argv, Options *o) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
         if (!strcmp(a, "--json")) { o->json = 1; continue; }
+        if (!strcmp(a, "--gpu")) { o->gpu = 1; continue; }
         if (i + 1 >= argc) {
             char word[64];
             snprintf(word, sizeof word, " %s ", a);
@@ -158,6 +164,12 @@ static int parse_options(int argc, char **argv, Options *o) {
         why = "the loss weights must be >= 0 and not all 0";
     else if (o->kl_prompts < 1 || o->kl_prompts > 64) why = "--kl-prompts must be in 1..64";
     else if (o->stop_after > 0 && !o->checkpoint_path) why = "--stop-after needs --checkpoint, or the fit is lost";
+    else if (o->gpu && o->lambda_kl > 0)
+        why = "--gpu fits the regression loss only: the KL term needs the transformer's backward, which runs on "
+              "the CPU (use --loss regression, or drop --gpu)";
+#ifndef NECTAR_CUDA
+    else if (o->gpu) why = "this build has no GPU support: nvcc was not found when it was built (see make info)";
+#endif
     if (why) { fprintf(stderr, "error: %s\n", why); return -1; }
     if (o->checkpoint_every <= 0) o->checkpoint_every = o->steps / 4 > 0 ? o->steps / 4 : 1;
     /* find out now, not after the fitting, that the output cannot be written */
@@ -479,19 +491,57 @@ static float learning_rate(const Options *o, int step) {
     return o->lr * 0.5f * (1.0f + cosf(3.14159265f * progress));
 }
 
-/* AdamW: m = b1 m + (1-b1) g, v = b2 v + (1-b2) g^2,
- * theta -= lr (m_hat / (sqrt(v_hat) + eps) + wd theta) */
-static void adamw_step(ModuleSet *s, Adam *adam, float lr, float wd) {
-    const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
-    adam->step++;
-    float c1 = 1.0f - powf(b1, adam->step), c2 = 1.0f - powf(b2, adam->step);
-    for (size_t i = 0; i < s->n_params; i++) {
-        float g = s->grads[i];
-        adam->m[i] = b1 * adam->m[i] + (1 - b1) * g;
-        adam->v[i] = b2 * adam->v[i] + (1 - b2) * g * g;
-        s->params[i] -= lr * ((adam->m[i] / c1) / (sqrtf(adam->v[i] / c2) + eps) + wd * s->params[i]);
-    }
+#ifdef NECTAR_CUDA
+/* The fit on the GPU: device copies of the modules (with gradients), of
+ * their Adam moments and of the targets, and a batch. */
+typedef struct {
+    ModuleSet ms;
+    float *m, *v;        /* (n_params) */
+    FitTargets targets;
+    ModuleWork work;
+    FitBatch batch;
+} GpuFit;
+
+static void gpu_fit_start(GpuFit *g, const ModuleSet *ms, const Adam *adam, const FitTargets *t, const Config *c,
+                         int B) {
+    size_t bytes = ms->n_params * sizeof(float);
+    moduleset_upload_cuda(&g->ms, ms, 1);
+    g->m = cuda_xmalloc(bytes);
+    g->v = cuda_xmalloc(bytes);
+    CUDA_CHECK(cudaMemcpy(g->m, adam->m, bytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(g->v, adam->v, bytes, cudaMemcpyHostToDevice));
+    fittargets_upload_cuda(&g->targets, t, c->n_layers, c->dim, c->n_heads);
+    modulework_alloc_cuda(&g->work, ms, B * c->n_heads);  /* a layer's G modules, B H / G queries each */
+    fitbatch_alloc_cuda(&g->batch, ms, c->n_heads, B);
 }
+
+/* One step on the GPU at the positions `pos` (B): returns the loss and sets *norm. */
+static double gpu_fit_step(GpuFit *g, const long *pos, const Options *o, int H, int step, float lr, double *norm) {
+    memcpy(g->batch.pos, pos, g->batch.B * sizeof(long));
+    CUDA_CHECK(cudaMemset(g->ms.grads, 0, g->ms.n_params * sizeof(float)));
+    double loss = regression_grads_cuda(&g->ms, &g->work, &g->batch, &g->targets, H, o->lambda_alpha, o->lambda_A);
+    *norm = clip_grad_norm_cuda(g->ms.grads, g->ms.n_params, 1.0);  /* global norm clipping at 1.0 */
+    adamw_update_cuda(g->ms.params, g->ms.grads, g->m, g->v, g->ms.n_params, step, lr, o->weight_decay);
+    return loss;
+}
+
+/* The parameters and moments back to the host (checkpoints, the end). */
+static void gpu_fit_download(const GpuFit *g, ModuleSet *ms, Adam *adam) {
+    size_t bytes = ms->n_params * sizeof(float);
+    moduleset_download_cuda(ms, &g->ms);
+    CUDA_CHECK(cudaMemcpy(adam->m, g->m, bytes, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(adam->v, g->v, bytes, cudaMemcpyDeviceToHost));
+}
+
+static void gpu_fit_free(GpuFit *g) {
+    CUDA_CHECK(cudaFree(g->m)); CUDA_CHECK(cudaFree(g->v));
+    fitbatch_free_cuda(&g->batch);
+    modulework_free_cuda(&g->work);
+    fittargets_free_cuda(&g->targets);
+    moduleset_free_cuda(&g->ms);
+    nectar_cuda_free();
+}
+#endif
 
 /* Checkpoint: header, then params, Adam m and v. */
 enum { CKPT_MAGIC = 0x4B43544E /* "NTCK" */, CKPT_VERSION = 1 };
@@ -529,6 +579,9 @@ static int load_checkpoint(const char *path, ModuleSet *s, Adam *adam, uint64_t 
 int main(int argc, char **argv) {
     Options o;
     if (parse_options(argc, argv, &o) != 0) return 1;
+#ifdef NECTAR_CUDA
+    if (o.gpu && nectar_cuda_init() != 0) return 1;
+#endif
     double t_start = now_seconds();
     Model model;
     if (model_load(&model, o.model_path) != 0) return 1;
@@ -658,13 +711,11 @@ int main(int argc, char **argv) {
         if (load_checkpoint(o.resume_path, &ms, &adam, run_hash) != 0) return 1;
         fprintf(stderr, "resumed from %s at step %d\n", o.resume_path, adam.step);
     }
-    int B = o.batch, N = B * group;
     ModuleWork work;
-    modulework_alloc(&work, &ms, N);
-    long *batch_pos = xmalloc(B * sizeof(long));
-    float *q = xmalloc((size_t)N * d * sizeof(float)), *a = xmalloc(N * sizeof(float));
-    float *A = xmalloc((size_t)N * d * sizeof(float)), *da = xmalloc(N * sizeof(float));
-    float *dA = xmalloc((size_t)N * d * sizeof(float));
+    modulework_alloc(&work, &ms, o.batch * group);
+    FitBatch batch;
+    fitbatch_alloc(&batch, &ms, H, o.batch);
+    FitTargets targets = {td.P, td.q, td.A, td.alpha};
     /* the student for the KL term: the Nectar model, teacher-forced on a prompt */
     Document student_doc = {DOC_NECTAR, n_doc, NULL, &ms};
     RunState student;
@@ -675,64 +726,50 @@ int main(int argc, char **argv) {
         runstate_enable_backward(&student, &model);
         dlogits = xmalloc((size_t)max_len * c->vocab_size * sizeof(float));
     }
+#ifdef NECTAR_CUDA
+    GpuFit gpu;
+    if (o.gpu) gpu_fit_start(&gpu, &ms, &adam, &targets, c, o.batch);
+#endif
     double t_fit = now_seconds(), last_print = 0, loss = 0;
     int last_step = o.stop_after > 0 && o.stop_after < o.steps ? o.stop_after : o.steps;
     int first_step = adam.step;
     for (int step = first_step; step < last_step; step++) {
         /* the batch depends only on (seed, step): resuming draws the same batches */
         uint64_t batch_rng = fnv1a(o.seed, &step, sizeof step) | 1;
-        for (int b = 0; b < B; b++) batch_pos[b] = (long)(rng_u32(&batch_rng) % (uint32_t)td.P);
-        memset(ms.grads, 0, ms.n_params * sizeof(float));
-        loss = 0;
-        for (int l = 0; o.lambda_alpha + o.lambda_A > 0 && l < L; l++)
-            for (int g = 0; g < G; g++) {
-                Module *mod = &ms.modules[l * G + g];
-                for (int b = 0; b < B; b++)  /* the group's query heads at batch position b */
-                    copy_rows(q + (size_t)b * group * d, d, td.q + ((size_t)l * td.P + batch_pos[b]) * D + (size_t)g * group * d,
-                              d, group, d);
-                module_forward(&ms, mod, &work, q, N, a, A);
-                /* L = lambda_alpha mean (a - alpha)^2 + lambda_A mean ||A_theta - A||^2 */
-                for (int b = 0; b < B; b++)
-                    for (int j = 0; j < group; j++) {
-                        int row = b * group + j, h = g * group + j;
-                        float ea = a[row] - td.alpha[((size_t)l * td.P + batch_pos[b]) * H + h];
-                        const float *At = td.A + ((size_t)l * td.P + batch_pos[b]) * D + (size_t)h * d;
-                        loss += o.lambda_alpha * ea * ea / N;
-                        da[row] = 2.0f * o.lambda_alpha * ea / N;
-                        for (int k = 0; k < d; k++) {
-                            float e = A[(size_t)row * d + k] - At[k];
-                            loss += o.lambda_A * e * e / N;
-                            dA[(size_t)row * d + k] = 2.0f * o.lambda_A * e / N;
-                        }
-                    }
-                module_backward(&ms, mod, &work, q, N, A, da, dA, NULL);
-            }
-        /* + lambda_kl mean KL(teacher || Nectar) over the positions of kl_prompts prompts */
-        int kl_pick[64], kl_positions = 0;
-        for (int k = 0; o.lambda_kl > 0 && k < o.kl_prompts; k++) {
-            kl_pick[k] = rng_u32(&batch_rng) % td.n_train;
-            int i = td.prompt[kl_pick[k]];
-            kl_positions += all->offsets[i + 1] - all->offsets[i];
-        }
-        for (int k = 0; o.lambda_kl > 0 && k < o.kl_prompts; k++) {
-            int i = td.prompt[kl_pick[k]], len = all->offsets[i + 1] - all->offsets[i];
-            const int *tokens = all->tokens + all->offsets[i];
-            forward(&model, &student, &student_doc, tokens, len, 0, LOGITS_ALL);
-            double kl = kl_loss(td.logits + (size_t)td.start[kl_pick[k]] * c->vocab_size, student.logits, len,
-                                c->vocab_size, dlogits);
-            /* kl_loss averages over this prompt's positions; weigh by its share of all of them */
-            float share = (float)len / kl_positions;
-            loss += o.lambda_kl * kl * share;
-            for (size_t j = 0; j < (size_t)len * c->vocab_size; j++) dlogits[j] *= o.lambda_kl * share;
-            backward(&model, &student, &student_doc, tokens, len, dlogits, NULL);
-        }
-        /* global gradient norm clipping at 1.0 */
-        double norm = 0;
-        for (size_t i = 0; i < ms.n_params; i++) norm += (double)ms.grads[i] * ms.grads[i];
-        norm = sqrt(norm);
-        if (norm > 1.0) for (size_t i = 0; i < ms.n_params; i++) ms.grads[i] *= (float)(1.0 / norm);
+        for (int b = 0; b < batch.B; b++) batch.pos[b] = (long)(rng_u32(&batch_rng) % (uint32_t)td.P);
         float lr = learning_rate(&o, step);
-        adamw_step(&ms, &adam, lr, o.weight_decay);
+        adam.step++;
+        double norm;
+#ifdef NECTAR_CUDA
+        if (o.gpu) loss = gpu_fit_step(&gpu, batch.pos, &o, H, adam.step, lr, &norm);
+        else
+#endif
+        {
+            memset(ms.grads, 0, ms.n_params * sizeof(float));
+            loss = o.lambda_alpha + o.lambda_A > 0
+                ? regression_grads(&ms, &work, &batch, &targets, H, o.lambda_alpha, o.lambda_A) : 0;
+            /* + lambda_kl mean KL(teacher || Nectar) over the positions of kl_prompts prompts */
+            int kl_pick[64], kl_positions = 0;
+            for (int k = 0; o.lambda_kl > 0 && k < o.kl_prompts; k++) {
+                kl_pick[k] = rng_u32(&batch_rng) % td.n_train;
+                int i = td.prompt[kl_pick[k]];
+                kl_positions += all->offsets[i + 1] - all->offsets[i];
+            }
+            for (int k = 0; o.lambda_kl > 0 && k < o.kl_prompts; k++) {
+                int i = td.prompt[kl_pick[k]], len = all->offsets[i + 1] - all->offsets[i];
+                const int *tokens = all->tokens + all->offsets[i];
+                forward(&model, &student, &student_doc, tokens, len, 0, LOGITS_ALL);
+                double kl = kl_loss(td.logits + (size_t)td.start[kl_pick[k]] * c->vocab_size, student.logits, len,
+                                    c->vocab_size, dlogits);
+                /* kl_loss averages over this prompt's positions; weigh by its share of all of them */
+                float share = (float)len / kl_positions;
+                loss += o.lambda_kl * kl * share;
+                for (size_t j = 0; j < (size_t)len * c->vocab_size; j++) dlogits[j] *= o.lambda_kl * share;
+                backward(&model, &student, &student_doc, tokens, len, dlogits, NULL);
+            }
+            norm = clip_grad_norm(ms.grads, ms.n_params, 1.0);  /* global norm clipping at 1.0 */
+            adamw_update(ms.params, ms.grads, adam.m, adam.v, ms.n_params, adam.step, lr, o.weight_decay);
+        }
         double now = now_seconds() - t_fit;
         if (now - last_print > 1.0 || step + 1 == last_step) {
             last_print = now;
@@ -740,10 +777,20 @@ int main(int argc, char **argv) {
             fprintf(stderr, "\rstep %d/%d  loss %.5f  lr %.2e  |g| %.3f  %.1fs  ETA %.0fs   ", step + 1, o.steps,
                     loss, lr, norm, now, now / done * (last_step - step - 1));
         }
-        if (o.checkpoint_path && ((step + 1) % o.checkpoint_every == 0 || step + 1 == last_step))
+        if (o.checkpoint_path && ((step + 1) % o.checkpoint_every == 0 || step + 1 == last_step)) {
+#ifdef NECTAR_CUDA
+            if (o.gpu) gpu_fit_download(&gpu, &ms, &adam);
+#endif
             if (save_checkpoint(o.checkpoint_path, &ms, &adam, run_hash) != 0) return 1;
+        }
     }
     fprintf(stderr, "\n");
+#ifdef NECTAR_CUDA
+    if (o.gpu) {
+        gpu_fit_download(&gpu, &ms, &adam);
+        gpu_fit_free(&gpu);
+    }
+#endif
     double fit_seconds = now_seconds() - t_fit;
     if (last_step < o.steps) {
         fprintf(stderr, "stopped after step %d as asked; resume with --resume %s\n", last_step,
@@ -778,7 +825,7 @@ int main(int argc, char **argv) {
             now_seconds() - t_start);
 
     evalresult_free(&random_split); evalresult_free(&challenge_split);
-    free(batch_pos); free(q); free(a); free(A); free(da); free(dA);
+    fitbatch_free(&batch);
     free(adam.m); free(adam.v); free(mult); free(sizes); free(embed); free(is_train); free(order);
     free(td.q); free(td.A); free(td.alpha); free(td.logits); free(td.prompt); free(td.start);
     if (o.lambda_kl > 0) runstate_free(&student);

@@ -2,7 +2,9 @@
  * (nectar.c, linked through tests/test_cuda_ref.c), on odd sizes (37
  * queries, 17 keys), on realistic ones (128 queries x 4096 keys, 40000-key
  * decode), for GQA ratios 1 and above 1, with empty (nk = 0) and one-key
- * documents and causal rows that see nothing.
+ * documents and causal rows that see nothing; then the module backward,
+ * the fitting loop (GPU-trained against CPU-trained modules) and the whole
+ * forward pass (GPU logits against CPU logits).
  *
  * Device outputs start as NaN, so an element a kernel forgets fails. Every
  * check prints its max abs and max rel error; the last line is "N passed,
@@ -118,9 +120,13 @@ static void test_swiglu(size_t n) {
 /* ------------------------------------------------------------------------ */
 /* Attention states and their merge                                         */
 
+/* Both versions of attention_states_cuda (same interface). */
+typedef void AttentionStatesFn(int nq, int nk, int d, const float *q, int ldq, const float *k, const float *v,
+                               int ldkv, int visible, float *A, int ldA, float *lse, int ldlse, float *scores);
+
 /* nq queries of H heads (nq, H d) against nk keys of G heads (nk, G d),
  * every head read in place with its stride, as local_states and
- * document_states_exact call it. */
+ * document_states_exact call it; each kernel version in turn. */
 static void test_attention(int nq, int nk, int d, int H, int G, int visible) {
     char what[160], tag[96];
     int D = H * d, KVD = G * d, group = H / G;
@@ -137,24 +143,28 @@ static void test_attention(int nq, int nk, int d, int H, int G, int visible) {
                          A + h * d, D, lse + h, H, scores + h * nS);
     }
     float *q_d = upload(q, (size_t)nq * D), *k_d = upload(k, (size_t)nk * KVD), *v_d = upload(v, (size_t)nk * KVD);
-    float *A_d = device_nan((size_t)nq * D), *lse_d = device_nan((size_t)nq * H), *scores_d = device_nan(H * nS);
-    for (int h = 0; h < H; h++) {
-        size_t kv = (size_t)(h / group) * d;
-        attention_states_cuda(nq, nk, d, q_d + h * d, D, nk ? k_d + kv : NULL, nk ? v_d + kv : NULL, KVD,
-                              visible, A_d + h * d, D, lse_d + h, H, scores_d + h * nS);
+    AttentionStatesFn *versions[2] = { attention_states_cuda, attention_states_v2_cuda };
+    for (int ver = 0; ver < 2; ver++) {
+        float *A_d = device_nan((size_t)nq * D), *lse_d = device_nan((size_t)nq * H), *scores_d = device_nan(H * nS);
+        for (int h = 0; h < H; h++) {
+            size_t kv = (size_t)(h / group) * d;
+            versions[ver](nq, nk, d, q_d + h * d, D, nk ? k_d + kv : NULL, nk ? v_d + kv : NULL, KVD,
+                          visible, A_d + h * d, D, lse_d + h, H, scores_d + h * nS);
+        }
+        float *gA = download(A_d, (size_t)nq * D), *glse = download(lse_d, (size_t)nq * H);
+        float *gS = download(scores_d, H * nS);
+        snprintf(tag, sizeof(tag), "v%d %dq x %dk d%d H%d G%d visible %d", ver + 1, nq, nk, d, H, G, visible);
+        snprintf(what, sizeof(what), "attention %s: A", tag);
+        check_close_f(what, gA, A, (size_t)nq * D, 1e-5, 1e-4);
+        snprintf(what, sizeof(what), "attention %s: lse", tag);
+        check_close_f(what, glse, lse, (size_t)nq * H, 1e-5, 1e-5);
+        snprintf(what, sizeof(what), "attention %s: probabilities", tag);
+        check_close_f(what, gS, scores, H * nS, 1e-6, 1e-4);
+        free(gA); free(glse); free(gS);
+        CUDA_CHECK(cudaFree(A_d)); CUDA_CHECK(cudaFree(lse_d)); CUDA_CHECK(cudaFree(scores_d));
     }
-    float *gA = download(A_d, (size_t)nq * D), *glse = download(lse_d, (size_t)nq * H);
-    float *gS = download(scores_d, H * nS);
-    snprintf(tag, sizeof(tag), "%dq x %dk d%d H%d G%d visible %d", nq, nk, d, H, G, visible);
-    snprintf(what, sizeof(what), "attention %s: A", tag);
-    check_close_f(what, gA, A, (size_t)nq * D, 1e-5, 1e-4);
-    snprintf(what, sizeof(what), "attention %s: lse", tag);
-    check_close_f(what, glse, lse, (size_t)nq * H, 1e-5, 1e-5);
-    snprintf(what, sizeof(what), "attention %s: probabilities", tag);
-    check_close_f(what, gS, scores, H * nS, 1e-6, 1e-4);
-    free(q); free(k); free(v); free(A); free(lse); free(scores); free(gA); free(glse); free(gS);
-    float *bufs[] = { q_d, k_d, v_d, A_d, lse_d, scores_d };
-    for (int i = 0; i < 6; i++) CUDA_CHECK(cudaFree(bufs[i]));
+    free(q); free(k); free(v); free(A); free(lse); free(scores);
+    CUDA_CHECK(cudaFree(q_d)); CUDA_CHECK(cudaFree(k_d)); CUDA_CHECK(cudaFree(v_d));
 }
 
 /* One query per head (H, d) over nk keys (nk, G d): the split-KV decode
@@ -230,53 +240,248 @@ static void test_merge(int n, int d) {
     for (int i = 0; i < 6; i++) CUDA_CHECK(cudaFree(bufs[i]));
 }
 
+/* nq queries against nk keys, one head: the gradients of a random loss
+ * through attention_states, CPU against GPU (rows 0.. of a causal case see
+ * nothing, and must get no gradient). */
+static void test_attention_backward(int nq, int nk, int d, int visible, int with_dlse) {
+    char what[160], tag[96];
+    uint64_t rng = 83 + nq + nk + d;
+    size_t nqd = (size_t)nq * d, nkd = (size_t)nk * d, nS = (size_t)nq * nk;
+    float *q = host_floats(nqd), *k = host_floats(nkd), *v = host_floats(nkd), *dA = host_floats(nqd);
+    float *dlse = host_floats(nq);
+    fill_normal(q, nqd, 2.0f, &rng); fill_normal(k, nkd, 1.0f, &rng); fill_normal(v, nkd, 1.0f, &rng);
+    fill_normal(dA, nqd, 1.0f, &rng); fill_normal(dlse, nq, 1.0f, &rng);
+    float *A = host_floats(nqd), *lse = host_floats(nq), *scores = host_floats(nS), *tmp = host_floats(nS);
+    float *dq = host_floats(nqd), *dk = host_floats(nkd), *dv = host_floats(nkd);
+    attention_states(nq, nk, d, q, d, k, v, d, visible, A, d, lse, 1, scores);
+    attention_states_backward(nq, nk, d, q, d, k, v, d, A, dA, d, with_dlse ? dlse : NULL, 1, scores, dq, dk, dv, tmp);
+    float *q_d = upload(q, nqd), *k_d = upload(k, nkd), *v_d = upload(v, nkd), *dA_d = upload(dA, nqd);
+    float *dlse_d = upload(dlse, nq), *A_d = device_nan(nqd), *lse_d = device_nan(nq), *scores_d = device_nan(nS);
+    float *tmp_d = device_nan(nS);
+    float *dq_d = (float *)cuda_xmalloc(nqd * sizeof(float));  /* gradients accumulate: start at 0 */
+    float *dk_d = (float *)cuda_xmalloc(nkd * sizeof(float)), *dv_d = (float *)cuda_xmalloc(nkd * sizeof(float));
+    attention_states_cuda(nq, nk, d, q_d, d, k_d, v_d, d, visible, A_d, d, lse_d, 1, scores_d);
+    attention_states_backward_cuda(nq, nk, d, q_d, d, k_d, v_d, d, A_d, dA_d, d, with_dlse ? dlse_d : NULL, 1,
+                                   scores_d, dq_d, dk_d, dv_d, tmp_d);
+    float *g_dq = download(dq_d, nqd), *g_dk = download(dk_d, nkd), *g_dv = download(dv_d, nkd);
+    snprintf(tag, sizeof(tag), "%dq x %dk d%d visible %d%s", nq, nk, d, visible, with_dlse ? ", dlse" : "");
+    snprintf(what, sizeof(what), "attention backward %s: dq", tag);
+    check_close_f(what, g_dq, dq, nqd, 1e-5, 1e-4);
+    snprintf(what, sizeof(what), "attention backward %s: dk", tag);
+    check_close_f(what, g_dk, dk, nkd, 1e-5, 1e-4);
+    snprintf(what, sizeof(what), "attention backward %s: dv", tag);
+    check_close_f(what, g_dv, dv, nkd, 1e-5, 1e-4);
+    float *host[] = {q, k, v, dA, dlse, A, lse, scores, tmp, dq, dk, dv, g_dq, g_dk, g_dv};
+    for (size_t i = 0; i < sizeof(host) / sizeof(host[0]); i++) free(host[i]);
+    float *dev[] = {q_d, k_d, v_d, dA_d, dlse_d, A_d, lse_d, scores_d, tmp_d, dq_d, dk_d, dv_d};
+    for (size_t i = 0; i < sizeof(dev) / sizeof(dev[0]); i++) CUDA_CHECK(cudaFree(dev[i]));
+}
+
 /* ------------------------------------------------------------------------ */
 /* Nectar modules                                                           */
 
 /* A set of 2 layers x 2 KV heads (layer 1 modules one size larger), every
- * parameter random; modules 0 and 3 (the last, at a nonzero offset) run N
- * queries on the CPU and on the GPU. size: w (MLP) or p (quadrature). */
+ * parameter random. Module 0 alone, then layer 1's two modules in one batch,
+ * run N queries each forward and backward on the CPU and on the GPU: the
+ * outputs, every parameter gradient and dq must agree. size: w (MLP) or p
+ * (quadrature). */
 static void test_module(ModuleArch arch, int d, int size, int Db, int Ds, int Dt, int N, float input_scale) {
-    char what[160], tag[128];
-    ModuleSet s;
+    char what[200], tag[128];
+    ModuleSet s, s_d;
     int sizes[2] = { size, size + 3 };
-    if (moduleset_alloc(&s, arch, 2, 2, d, Db, Ds, Dt, sizes, 0) != 0) {
+    if (moduleset_alloc(&s, arch, 2, 2, d, Db, Ds, Dt, sizes, 1) != 0) {
         check("moduleset_alloc for the CUDA module test", 0);
         return;
     }
     uint64_t rng = 71 + d + size + N;
     float sigma = arch == ARCH_MLP ? 1.0f / sqrtf((float)(d + size)) : 1.0f;  /* keeps pre-activations O(1) */
     fill_normal(s.params, s.n_params, sigma, &rng);
-    for (int i = 0; i < 4; i++) s.modules[i].input_scale = input_scale;
-    float *q = host_floats((size_t)N * d), *a = host_floats(N), *A = host_floats((size_t)N * d);
-    fill_normal(q, (size_t)N * d, arch == ARCH_MLP ? 1.0f : 2.0f, &rng);
+    for (int i = 0; i < 4; i++) s.modules[i].input_scale = input_scale * (1.0f + 0.25f * i);
+    size_t nd = (size_t)N * d;
+    float *q = host_floats(2 * nd), *da = host_floats(2 * N), *dA = host_floats(2 * nd);
+    float *a = host_floats(2 * N), *A = host_floats(2 * nd), *dq = host_floats(2 * nd);
+    fill_normal(q, 2 * nd, arch == ARCH_MLP ? 1.0f : 2.0f, &rng);
+    fill_normal(da, 2 * N, 1.0f, &rng);
+    fill_normal(dA, 2 * nd, 1.0f, &rng);
     ModuleWork work, work_d;
     modulework_alloc(&work, &s, N);
-    modulework_alloc_cuda(&work_d, &s, N);
-    float *params_d = moduleset_upload_cuda(&s), *q_d = upload(q, (size_t)N * d);
-    float *a_d = device_nan(N), *A_d = device_nan((size_t)N * d);
+    moduleset_upload_cuda(&s_d, &s, 1);
+    modulework_alloc_cuda(&work_d, &s, 2 * N);
+    float *q_d = upload(q, 2 * nd), *da_d = upload(da, 2 * N), *dA_d = upload(dA, 2 * nd);
+    float *a_d = device_nan(2 * N), *A_d = device_nan(2 * nd), *dq_d = device_nan(2 * nd);
     if (arch == ARCH_MLP)
         snprintf(tag, sizeof(tag), "MLP d%d w%d (Db %d, Ds %d, Dt %d) scale %g, N %d", d, size, Db, Ds, Dt, input_scale, N);
     else
         snprintf(tag, sizeof(tag), "quadrature d%d p%d, N %d", d, size, N);
-    int which[2] = { 0, 3 };
-    for (int m = 0; m < 2; m++) {
-        const Module *mod = &s.modules[which[m]];
-        module_forward(&s, mod, &work, q, N, a, A);
-        module_forward_cuda(&s, mod, params_d, &work_d, q_d, N, a_d, A_d);
-        float *ga = download(a_d, N), *gA = download(A_d, (size_t)N * d);
-        snprintf(what, sizeof(what), "module %d %s: a", which[m], tag);
-        check_close_f(what, ga, a, N, 1e-4, 1e-4);
-        snprintf(what, sizeof(what), "module %d %s: A", which[m], tag);
-        check_close_f(what, gA, A, (size_t)N * d, 1e-4, 1e-4);
-        free(ga); free(gA);
+    struct { int first, count; } batches[2] = { {0, 1}, {2, 2} };
+    for (int bi = 0; bi < 2; bi++) {
+        int first = batches[bi].first, count = batches[bi].count;
+        for (int g = 0; g < count; g++) {  /* the CPU, a module at a time */
+            const Module *mod = &s.modules[first + g];
+            module_forward(&s, mod, &work, q + g * nd, N, a + (size_t)g * N, A + g * nd);
+            module_backward(&s, mod, &work, q + g * nd, N, A + g * nd, da + (size_t)g * N, dA + g * nd, dq + g * nd);
+        }
+        modules_forward_cuda(&s_d, first, count, &work_d, q_d, N, a_d, A_d);
+        modules_backward_cuda(&s_d, first, count, &work_d, q_d, N, A_d, da_d, dA_d, dq_d);
+        float *ga = download(a_d, count * N), *gA = download(A_d, count * nd), *gdq = download(dq_d, count * nd);
+        char which[48];
+        snprintf(which, sizeof(which), count == 1 ? "module %d" : "modules %d-%d", first, first + count - 1);
+        snprintf(what, sizeof(what), "%s %s: a", which, tag);
+        check_close_f(what, ga, a, count * N, 1e-4, 1e-4);
+        snprintf(what, sizeof(what), "%s %s: A", which, tag);
+        check_close_f(what, gA, A, count * nd, 1e-4, 1e-4);
+        snprintf(what, sizeof(what), "%s %s: dq", which, tag);
+        check_close_f(what, gdq, dq, count * nd, 1e-4, 1e-3);
+        free(ga); free(gA); free(gdq);
     }
+    /* every gradient: modules 0, 2, 3 got one, module 1 none (zero on both) */
+    float *gg = download(s_d.grads, s.n_params);
+    snprintf(what, sizeof(what), "gradients %s", tag);
+    check_close_f(what, gg, s.grads, s.n_params, 1e-4, 1e-3);
+    free(gg);
     modulework_free(&work);
     modulework_free_cuda(&work_d);
+    moduleset_free_cuda(&s_d);
     moduleset_free(&s);
-    free(q); free(a); free(A);
-    float *bufs[] = { params_d, q_d, a_d, A_d };
-    for (int i = 0; i < 4; i++) CUDA_CHECK(cudaFree(bufs[i]));
+    float *host[] = {q, da, dA, a, A, dq};
+    for (int i = 0; i < 6; i++) free(host[i]);
+    float *dev[] = {q_d, da_d, dA_d, a_d, A_d, dq_d};
+    for (int i = 0; i < 6; i++) CUDA_CHECK(cudaFree(dev[i]));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Fitting                                                                  */
+
+/* `steps` steps of the fitting loop (regression gradients, clipping at 1,
+ * AdamW) on a tiny set of L = 2 layers x G = 2 modules, H = 4 heads, over
+ * random targets, on the CPU and the GPU from the same start: the losses
+ * and norms of every step and the final parameters must agree. */
+static void test_fit(ModuleArch arch, int d, int size, int B, int steps) {
+    char what[160], tag[96];
+    const int L = 2, G = 2, H = 4, P = 61, D = H * d;
+    int sizes[2] = { size, size + 2 };
+    ModuleSet s, s_d;
+    if (moduleset_alloc(&s, arch, L, G, d, 1, 1, 1, sizes, 1) != 0) { check("moduleset_alloc for test_fit", 0); return; }
+    uint64_t rng = 97 + d + size;
+    fill_normal(s.params, s.n_params, arch == ARCH_MLP ? 0.2f : 1.0f, &rng);
+    FitTargets t = {P, host_floats((size_t)L * P * D), host_floats((size_t)L * P * D), host_floats((size_t)L * P * H)}, t_d;
+    fill_normal(t.q, (size_t)L * P * D, 1.0f, &rng);
+    fill_normal(t.A, (size_t)L * P * D, 0.5f, &rng);
+    fill_normal(t.alpha, (size_t)L * P * H, 2.0f, &rng);
+    moduleset_upload_cuda(&s_d, &s, 1);
+    fittargets_upload_cuda(&t_d, &t, L, D, H);
+    ModuleWork work, work_d;
+    FitBatch b, b_d;
+    modulework_alloc(&work, &s, B * (H / G));
+    modulework_alloc_cuda(&work_d, &s, G * B * (H / G));
+    fitbatch_alloc(&b, &s, H, B);
+    fitbatch_alloc_cuda(&b_d, &s, H, B);
+    float *m = host_floats(s.n_params), *v = host_floats(s.n_params);
+    float *m_d = (float *)cuda_xmalloc(s.n_params * sizeof(float)), *v_d = (float *)cuda_xmalloc(s.n_params * sizeof(float));
+    float lambda_alpha = arch == ARCH_MLP ? 0.1f : 0.0f, lr = 1e-2f, wd = 0.01f;
+    double max_loss_rel = 0, max_norm_rel = 0;
+    for (int step = 1; step <= steps; step++) {
+        for (int i = 0; i < B; i++) b.pos[i] = b_d.pos[i] = (long)(rng_u32(&rng) % P);
+        memset(s.grads, 0, s.n_params * sizeof(float));
+        CUDA_CHECK(cudaMemset(s_d.grads, 0, s.n_params * sizeof(float)));
+        double loss = regression_grads(&s, &work, &b, &t, H, lambda_alpha, 1.0f);
+        double loss_d = regression_grads_cuda(&s_d, &work_d, &b_d, &t_d, H, lambda_alpha, 1.0f);
+        double norm = clip_grad_norm(s.grads, s.n_params, 1.0), norm_d = clip_grad_norm_cuda(s_d.grads, s.n_params, 1.0);
+        adamw_update(s.params, s.grads, m, v, s.n_params, step, lr, wd);
+        adamw_update_cuda(s_d.params, s_d.grads, m_d, v_d, s.n_params, step, lr, wd);
+        max_loss_rel = fmax(max_loss_rel, fabs(loss_d - loss) / fabs(loss));
+        max_norm_rel = fmax(max_norm_rel, fabs(norm_d - norm) / norm);
+    }
+    snprintf(tag, sizeof(tag), "%s d%d size %d, batch %d, %d steps", arch == ARCH_MLP ? "MLP" : "quadrature", d, size, B, steps);
+    printf("  fit %s: losses within %.1e, gradient norms within %.1e (relative)\n", tag, max_loss_rel, max_norm_rel);
+    snprintf(what, sizeof(what), "fit %s: loss and norm every step", tag);
+    check(what, max_loss_rel < 1e-4 && max_norm_rel < 1e-4);
+    float *params = download(s_d.params, s.n_params);
+    snprintf(what, sizeof(what), "fit %s: parameters", tag);
+    check_close_f(what, params, s.params, s.n_params, 1e-4, 1e-3);
+    free(params); free(m); free(v); free(t.q); free(t.A); free(t.alpha);
+    CUDA_CHECK(cudaFree(m_d)); CUDA_CHECK(cudaFree(v_d));
+    fitbatch_free(&b); fitbatch_free_cuda(&b_d);
+    modulework_free(&work); modulework_free_cuda(&work_d);
+    fittargets_free_cuda(&t_d);
+    moduleset_free_cuda(&s_d);
+    moduleset_free(&s);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The forward pass                                                         */
+
+/* A random model and document: the GPU's document cache (its own prefill)
+ * against the CPU's, then a prompt and `decode` greedy steps with the
+ * document exact, as Nectar modules (random MLP or quadrature) and absent:
+ * the GPU's logits against the CPU's at every step. */
+static void test_forward(Config c, int n_doc, int block, int n_prompt, int decode) {
+    char what[200], tag[128];
+    Model m, m_d;
+    if (model_init_random(&m, c, 1, 5 + c.dim + n_doc, 0.08f) != 0) { check("model_init_random", 0); return; }
+    model_upload_cuda(&m_d, &m);
+    int d = c.dim / c.n_heads, V = c.vocab_size;
+    uint64_t rng = 101 + n_doc;
+    int *doc_ids = (int *)xmalloc(n_doc * sizeof(int)), *prompt = (int *)xmalloc(n_prompt * sizeof(int));
+    for (int i = 0; i < n_doc; i++) doc_ids[i] = 1 + rng_u32(&rng) % (V - 1);
+    for (int i = 0; i < n_prompt; i++) prompt[i] = 1 + rng_u32(&rng) % (V - 1);
+    snprintf(tag, sizeof(tag), "D%d L%d H%d G%d V%d, document %d (block %d)", c.dim, c.n_layers, c.n_heads,
+             c.n_kv_heads, V, n_doc, block);
+    DocCache cache, cache_d;
+    doccache_build(&cache, &m, doc_ids, n_doc, block);
+    doccache_build_cuda(&cache_d, &m_d, doc_ids, n_doc, block);
+    size_t kv = (size_t)c.n_layers * n_doc * cache.kv_dim;
+    float *gk = download(cache_d.key, kv), *gv = download(cache_d.value, kv);
+    snprintf(what, sizeof(what), "prefill %s: keys", tag);
+    check_close_f(what, gk, cache.key, kv, 1e-4, 1e-3);
+    snprintf(what, sizeof(what), "prefill %s: values", tag);
+    check_close_f(what, gv, cache.value, kv, 1e-4, 1e-3);
+    free(gk); free(gv);
+    /* modules: random, every module of a layer the same shape */
+    ModuleSet mlp, quad, mlp_d, quad_d;
+    int widths[8], pairs[8];
+    for (int l = 0; l < c.n_layers; l++) { widths[l] = 24 + 8 * (l % 2); pairs[l] = 17 + l; }
+    moduleset_alloc(&mlp, ARCH_MLP, c.n_layers, c.n_kv_heads, d, 1, 1, 1, widths, 0);
+    moduleset_alloc(&quad, ARCH_QUAD, c.n_layers, c.n_kv_heads, d, 0, 0, 0, pairs, 0);
+    fill_normal(mlp.params, mlp.n_params, 0.15f, &rng);
+    fill_normal(quad.params, quad.n_params, 0.5f, &rng);
+    mlp.n_doc = quad.n_doc = n_doc;
+    moduleset_upload_cuda(&mlp_d, &mlp, 0);
+    moduleset_upload_cuda(&quad_d, &quad, 0);
+    struct { const char *name; Document cpu, gpu; } docs[4] = {
+        {"exact", {DOC_EXACT, n_doc, &cache, NULL}, {DOC_EXACT, n_doc, &cache_d, NULL}},
+        {"Nectar MLP", {DOC_NECTAR, n_doc, NULL, &mlp}, {DOC_NECTAR, n_doc, NULL, &mlp_d}},
+        {"Nectar quadrature", {DOC_NECTAR, n_doc, NULL, &quad}, {DOC_NECTAR, n_doc, NULL, &quad_d}},
+        {"no document", {DOC_EXACT, 0, NULL, NULL}, {DOC_EXACT, 0, NULL, NULL}}};
+    for (int r = 0; r < 4; r++) {
+        RunState s;
+        RunStateCuda s_d;
+        runstate_alloc(&s, &m, &docs[r].cpu, n_prompt, n_prompt + decode);
+        runstate_alloc_cuda(&s_d, &m_d, &docs[r].gpu, n_prompt, n_prompt + decode);
+        forward(&m, &s, &docs[r].cpu, prompt, n_prompt, 0, LOGITS_ALL);
+        forward_cuda(&m_d, &s_d, &docs[r].gpu, prompt, n_prompt, 0, LOGITS_ALL);
+        snprintf(what, sizeof(what), "forward %s, %s: prompt of %d, every row", tag, docs[r].name, n_prompt);
+        check_close_f(what, s_d.logits, s.logits, (size_t)n_prompt * V, 1e-4, 1e-3);
+        double max_err = 0;
+        int same_tokens = 1, token = argmax(s.logits + (size_t)(n_prompt - 1) * V, V);
+        for (int i = 0; i < decode; i++) {  /* greedy decode, both fed the CPU's token */
+            forward(&m, &s, &docs[r].cpu, &token, 1, n_prompt + i, LOGITS_LAST);
+            forward_cuda(&m_d, &s_d, &docs[r].gpu, &token, 1, n_prompt + i, LOGITS_LAST);
+            for (int j = 0; j < V; j++) max_err = fmax(max_err, fabs(s_d.logits[j] - s.logits[j]));
+            same_tokens &= argmax(s_d.logits, V) == argmax(s.logits, V);
+            token = argmax(s.logits, V);
+        }
+        printf("  forward %s, %s: %d decode steps, logits within %.2e\n", tag, docs[r].name, decode, max_err);
+        snprintf(what, sizeof(what), "decode %s, %s: logits within 1e-3, same argmax", tag, docs[r].name);
+        check(what, max_err <= 1e-3 && same_tokens);
+        runstate_free(&s);
+        runstate_free_cuda(&s_d);
+    }
+    moduleset_free_cuda(&mlp_d); moduleset_free_cuda(&quad_d);
+    moduleset_free(&mlp); moduleset_free(&quad);
+    doccache_free(&cache); doccache_free_cuda(&cache_d);
+    model_free_cuda(&m_d); model_free(&m);
+    free(doc_ids); free(prompt);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -311,6 +516,7 @@ int main(void) {
     test_attention(37, 17, 32, 4, 2, -5);     /* GQA 2; rows 0..5 see nothing */
     test_attention(37, 17, 16, 3, 3, 100);    /* visible past nk */
     test_attention(37, 17, 48, 2, 1, 17);     /* head size not dividing the block */
+    test_attention(9, 33, 256, 2, 2, 33);     /* the largest head size v1 takes */
     test_attention(5, 0, 16, 2, 1, 0);        /* empty document: (0, -inf) */
     test_attention(7, 1, 32, 2, 2, 1);        /* one-key document */
     test_attention(7, 1, 16, 4, 1, -2);       /* one key, first rows empty */
@@ -332,16 +538,34 @@ int main(void) {
     test_merge(37, 48);
     test_merge(128 * 32, 64);
 
-    printf("module_forward\n");
+    printf("attention backward\n");
+    test_attention_backward(37, 17, 16, 17, 1);
+    test_attention_backward(37, 17, 32, -5, 1);   /* rows 0..5 see nothing */
+    test_attention_backward(7, 1, 16, 1, 0);      /* one key, no dlse */
+    test_attention_backward(128, 409, 64, 409, 1);
+
+    printf("modules forward and backward (one, then a layer's two in a batch)\n");
     test_module(ARCH_MLP, 16, 37, 1, 1, 1, 37, 1.0f);
     test_module(ARCH_MLP, 32, 17, 2, 0, 1, 37, 0.5f);
     test_module(ARCH_MLP, 16, 5, 0, 1, 2, 37, 1.0f);
     test_module(ARCH_MLP, 16, 9, 0, 0, 0, 11, 2.0f);   /* no hidden layer: both heads read x */
     test_module(ARCH_MLP, 64, 512, 1, 1, 1, 512, 1.0f);
-    test_module(ARCH_MLP, 64, 256, 2, 2, 2, 4096, 1.0f);
+    test_module(ARCH_MLP, 64, 256, 2, 2, 2, 1024, 1.0f);
     test_module(ARCH_QUAD, 16, 17, 0, 0, 0, 37, 1.0f);
     test_module(ARCH_QUAD, 32, 1, 0, 0, 0, 7, 1.0f);   /* one pair */
     test_module(ARCH_QUAD, 64, 409, 0, 0, 0, 512, 1.0f);
+
+    printf("fitting: regression gradients, clipping, AdamW\n");
+    test_fit(ARCH_MLP, 16, 37, 17, 12);
+    test_fit(ARCH_QUAD, 16, 13, 9, 12);
+
+    printf("forward pass: prefill, exact / Nectar / no-document decode\n");
+    Config small = {64, 96, 2, 4, 2, 67, 256};    /* GQA 2, odd vocabulary */
+    Config mha = {48, 80, 3, 3, 3, 37, 256};      /* GQA 1, head size 16 */
+    Config wide = {256, 512, 4, 8, 2, 512, 2048}; /* GQA 4, head size 32 */
+    test_forward(small, 37, 16, 5, 6);
+    test_forward(mha, 17, 17, 3, 4);
+    test_forward(wide, 1100, 256, 33, 16);
 
     nectar_cuda_free();
     printf("%d passed, %d failed\n", n_passed, n_failed);
