@@ -30,7 +30,7 @@ SAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sa
 PROGRAMS := infer train pretrain benchmark
 TESTS    := tests/test_core tests/test_corpus tests/random_model
 
-.PHONY: all test test-unit test-bad-input test-train test-cuda test-asan clean check-blas info demo model bench bench-gpu
+.PHONY: all test test-unit test-bad-input test-train test-cuda test-cuda-emu test-asan clean check-blas info demo model bench bench-gpu
 
 # The main job: fit Nectar modules (MLP, rho 10%) to the default document for
 # the default model in data/, print the metrics on held-out prompts, then the
@@ -113,17 +113,55 @@ tests/test_cuda: tests/test_cuda.cu tests/check.h tests/test_cuda_ref.c nectar_c
 # checked against the CPU too.
 GPU_PRESENT := $(shell nvidia-smi -L > /dev/null 2>&1 && echo 1 || echo 0)
 
-test-cuda:
+test-cuda: test-cuda-emu
 ifneq ($(NVCC),)
 	$(MAKE) tests/test_cuda
 	./tests/test_cuda
 ifeq ($(GPU_PRESENT),1)
 	$(MAKE) infer train benchmark
-	bash tests/test_gpu_programs.sh
+	bash tests/test_gpu_programs.sh .
 endif
 else
-	@echo "test-cuda: nvcc not found, CUDA tests not built"
+	@echo "test-cuda: nvcc not found, CUDA tests not built for a GPU (the emulator ran them on the CPU)"
 endif
+
+# The same CUDA code on a CPU emulator (tests/cuda_emu: every CUDA thread a
+# fiber, cuBLAS through OpenBLAS), so it is tested without a GPU too: the
+# kernels' indexing, masking, reductions and barriers, and the --gpu paths of
+# the programs. What it cannot check is in tests/cuda_emu/README.md.
+EMU := build-emu
+EMU_CXX := $(CXX) -O1 -g -std=c++17 -Itests/cuda_emu -I. -Itests $(BLAS_CFLAGS)
+EMU_CC := $(CC) -O1 -g -std=c11 -D_GNU_SOURCE -DNECTAR_CUDA -Itests/cuda_emu $(BLAS_CFLAGS)
+EMU_SRC := tests/cuda_emu/cuda_emu.cpp tests/cuda_emu/cuda_runtime.h tests/cuda_emu/cublas_v2.h tests/cuda_emu/cu2cpp.py
+
+$(EMU)/%.o: %.c nectar.h nectar_cuda.h $(EMU_SRC) | check-blas
+	@mkdir -p $(EMU)
+	$(EMU_CC) -c $< -o $@
+
+$(EMU)/nectar_cuda.o: nectar_cuda.cu nectar_cuda.h nectar.h $(EMU_SRC) | check-blas
+	@mkdir -p $(EMU)
+	python3 tests/cuda_emu/cu2cpp.py nectar_cuda.cu > $(EMU)/nectar_cuda.cpp
+	$(EMU_CXX) -c $(EMU)/nectar_cuda.cpp -o $@
+
+$(EMU)/cuda_emu.o: $(EMU_SRC) | check-blas
+	@mkdir -p $(EMU)
+	$(EMU_CXX) -c tests/cuda_emu/cuda_emu.cpp -o $@
+
+$(EMU)/test_cuda: tests/test_cuda.cu tests/check.h tests/test_cuda_ref.c $(EMU)/nectar_cuda.o $(EMU)/cuda_emu.o | check-blas
+	python3 tests/cuda_emu/cu2cpp.py tests/test_cuda.cu > $(EMU)/test_cuda.cpp
+	$(EMU_CXX) -c $(EMU)/test_cuda.cpp -o $(EMU)/test_cuda.o
+	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -c tests/test_cuda_ref.c -o $(EMU)/test_cuda_ref.o
+	$(CXX) -o $@ $(EMU)/test_cuda.o $(EMU)/nectar_cuda.o $(EMU)/cuda_emu.o $(EMU)/test_cuda_ref.o $(BLAS_LIBS) -lm
+
+$(EMU)/infer $(EMU)/train: $(EMU)/%: $(EMU)/%.o $(EMU)/nectar.o $(EMU)/nectar_cuda.o $(EMU)/cuda_emu.o
+	$(CXX) -o $@ $^ $(BLAS_LIBS) -lm
+
+$(EMU)/benchmark: $(EMU)/bench.o $(EMU)/nectar.o $(EMU)/nectar_cuda.o $(EMU)/cuda_emu.o
+	$(CXX) -o $@ $^ $(BLAS_LIBS) -lm
+
+test-cuda-emu: $(EMU)/test_cuda $(EMU)/infer $(EMU)/train $(EMU)/benchmark
+	./$(EMU)/test_cuda
+	bash tests/test_gpu_programs.sh $(EMU)
 
 # `make test` stops at the first failing step.
 test: test-unit test-bad-input test-train test-cuda test-asan
@@ -145,7 +183,8 @@ test-asan: build-asan/infer build-asan/train build-asan/test_core tests/random_m
 
 info:
 	@echo "OpenBLAS: $(if $(BLAS_LIBS),$(BLAS_LIBS),not found)"
-	@echo "nvcc:     $(if $(NVCC),$(NVCC),not found (CUDA parts skipped))"
+	@echo "nvcc:     $(if $(NVCC),$(NVCC) (infer, train, benchmark take --gpu),not found (CPU-only programs; CUDA tested on the emulator))"
+	@echo "GPU:      $(if $(filter 1,$(GPU_PRESENT)),present (nvidia-smi lists one),none found)"
 
 clean:
-	rm -rf $(PROGRAMS) $(TESTS) tests/test_cuda *.o tests/*.o build-asan tests/tmp_* $(DEMO_DIR)
+	rm -rf $(PROGRAMS) $(TESTS) tests/test_cuda *.o tests/*.o build-asan $(EMU) tests/tmp_* $(DEMO_DIR)

@@ -362,6 +362,27 @@ static int bench_gpu(const Model *host, const char *model_path, int min_doc, int
         free(doc_ids);
         longest = n;
     }
+    /* the two attention kernels on one prefill block (BLOCK queries, one
+     * head) over the longest document's keys */
+    float *q = cuda_xmalloc((size_t)BLOCK * d * sizeof(float)), *kv = cuda_xmalloc((size_t)longest * d * sizeof(float));
+    float *A = cuda_xmalloc((size_t)BLOCK * d * sizeof(float)), *lse = cuda_xmalloc(BLOCK * sizeof(float));
+    float *scores = cuda_xmalloc((size_t)BLOCK * longest * sizeof(float));
+    double kernel_ms[2];
+    for (int version = 0; version < 2; version++) {
+        int reps = 0;
+        double t0 = now_seconds();
+        do {
+            if (version == 0) attention_states_cuda(BLOCK, longest, d, q, d, kv, kv, d, longest, A, d, lse, 1, scores);
+            else attention_states_v2_cuda(BLOCK, longest, d, q, d, kv, kv, d, longest, A, d, lse, 1, scores);
+            CUDA_CHECK(cudaDeviceSynchronize());
+            reps++;
+        } while (now_seconds() - t0 < 0.3);
+        kernel_ms[version] = (now_seconds() - t0) / reps * 1e3;
+    }
+    printf("\nattention of a %d-query block over %d keys, one head of size %d: v1 (a block per query) %.2f ms, "
+           "v2 (cuBLAS + softmax kernel) %.2f ms\n", BLOCK, longest, d, kernel_ms[0], kernel_ms[1]);
+    float *bufs[] = {q, kv, A, lse, scores};
+    for (int i = 0; i < 5; i++) CUDA_CHECK(cudaFree(bufs[i]));
     /* fitting: the rho 10% modules of the longest document, train's batch */
     int *widths = xmalloc(c->n_layers * sizeof(int));
     for (int l = 0; l < c->n_layers; l++) widths[l] = mlp_width(c, longest, 0.10f);
@@ -369,7 +390,7 @@ static int bench_gpu(const Model *host, const char *model_path, int min_doc, int
     fprintf(stderr, "fitting throughput ... (%.0fs so far)\n", now_seconds() - t_start);
     double gpu_steps = fit_steps_per_s(c, widths, batch, 1), cpu_steps = fit_steps_per_s(c, widths, batch, 0);
     double queries = (double)batch * c->n_heads * c->n_layers;  /* module queries per step */
-    printf("\nmodule fitting (rho 10%% of %d tokens: width %d, %d modules; batch %d positions = %.0f module queries "
+    printf("module fitting (rho 10%% of %d tokens: width %d, %d modules; batch %d positions = %.0f module queries "
            "a step, forward + backward + AdamW): GPU %.1f steps/s (%.0f queries/s), CPU %.1f steps/s (%.0f queries/s): "
            "GPU %.1fx the CPU\n", longest, widths[0], c->n_layers * c->n_kv_heads, batch, queries, gpu_steps,
            gpu_steps * queries, cpu_steps, cpu_steps * queries, gpu_steps / cpu_steps);

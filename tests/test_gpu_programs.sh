@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # The programs' --gpu paths against their CPU runs, on the default model and
-# document in data/ (run by `make test-cuda` where a GPU is present):
+# document in data/ (run by `make test-cuda` with the GPU build where a GPU is
+# present, and with the emulator build everywhere):
 #   infer -t 0: the same greedy tokens, exact and Nectar;
 #   train --gpu: modules whose held-out metrics match the CPU-fitted ones;
 #   benchmark --gpu: runs to the end on short documents.
+# usage: tests/test_gpu_programs.sh BINDIR   (BINDIR holds infer, train, benchmark)
 set -u
+bin=${1:-.}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 passed=0 failed=0
@@ -16,10 +19,10 @@ check() {  # check NAME OK
     else printf '  %-60s FAIL\n' "$1"; failed=$((failed + 1)); fi
 }
 
-echo "GPU programs against the CPU"
+echo "--gpu programs against the CPU ($bin)"
 # fitting: 400 steps each way, then the held-out metrics of both
-./train $m -d data/doc.txt -o "$tmp/cpu.nectar" --steps 400 --json > "$tmp/cpu.json" 2> "$tmp/cpu.err"
-./train $m -d data/doc.txt -o "$tmp/gpu.nectar" --steps 400 --json --gpu > "$tmp/gpu.json" 2> "$tmp/gpu.err"
+$bin/train $m -d data/doc.txt -o "$tmp/cpu.nectar" --steps 400 --json > "$tmp/cpu.json" 2> "$tmp/cpu.err"
+$bin/train $m -d data/doc.txt -o "$tmp/gpu.nectar" --steps 400 --json --gpu > "$tmp/gpu.json" 2> "$tmp/gpu.err"
 check "train and train --gpu both ran" $([ -s "$tmp/cpu.json" ] && [ -s "$tmp/gpu.json" ] && echo 1 || echo 0)
 # fp32 rounding differs (cuBLAS sums in another order) and AdamW carries it
 # through 400 steps: the metrics must agree to 2% of the no-document gap
@@ -39,14 +42,14 @@ check "train --gpu: held-out metrics match the CPU fit" $([ $ok = 0 ] && echo 1 
 # generation: greedy tokens, the same module on both
 for mode in exact nectar; do
     args="-d data/doc.txt"; [ $mode = nectar ] && args="-k $tmp/cpu.nectar"
-    ./infer $m $args -i "$(printf '%b' "$prompt")" -n 48 -t 0 --ids > "$tmp/$mode.cpu" 2>/dev/null
-    ./infer $m $args -i "$(printf '%b' "$prompt")" -n 48 -t 0 --ids --gpu > "$tmp/$mode.gpu" 2> "$tmp/$mode.err"
+    $bin/infer $m $args -i "$(printf '%b' "$prompt")" -n 48 -t 0 --ids > "$tmp/$mode.cpu" 2>/dev/null
+    $bin/infer $m $args -i "$(printf '%b' "$prompt")" -n 48 -t 0 --ids --gpu > "$tmp/$mode.gpu" 2> "$tmp/$mode.err"
     same=$([ -s "$tmp/$mode.cpu" ] && cmp -s "$tmp/$mode.cpu" "$tmp/$mode.gpu" && echo 1 || echo 0)
     [ $same = 0 ] && { echo "    CPU: $(cat "$tmp/$mode.cpu")"; echo "    GPU: $(cat "$tmp/$mode.gpu")"; cat "$tmp/$mode.err"; }
     check "infer --gpu -t 0 ($mode): the CPU's 48 greedy tokens" $same
 done
 
-./benchmark -m data/model.bin --gpu --min-doc 1024 --max-doc 2048 > "$tmp/bench" 2>&1
+$bin/benchmark -m data/model.bin --gpu --min-doc 1024 --max-doc 2048 > "$tmp/bench" 2>&1
 ok=$?
 check "benchmark --gpu runs (documents of 1K and 2K tokens)" $([ $ok = 0 ] && grep -q "^| 2048 |" "$tmp/bench" && echo 1 || echo 0)
 [ $ok = 0 ] || cat "$tmp/bench"

@@ -1,0 +1,26 @@
+"""cu2cpp.py FILE.cu > FILE.cpp: rewrites CUDA source for the CPU emulator.
+
+kernel<<<grid, block[, smem]>>>(args)  ->  emu_launch([&] { kernel(args); }, grid, block[, smem])
+extern __shared__ T name[];            ->  T *name = (T *)emu_dynamic_shared();
+__shared__                             ->  static (blocks run one at a time, so a
+                                           function's statics are the block's shared memory)
+"""
+import re
+import sys
+
+source = open(sys.argv[1]).read()
+out, at = [], 0
+launch = re.compile(r'(\b\w+)\s*<<<(.*?)>>>\s*\(', re.S)
+while (m := launch.search(source, at)):
+    end, depth = m.end(), 1  # the arguments run to the matching parenthesis
+    while depth:
+        depth += {'(': 1, ')': -1}.get(source[end], 0)
+        end += 1
+    out.append(source[at:m.start()])
+    out.append('emu_launch([&] { %s(%s); }, %s)' % (m.group(1), source[m.end():end - 1], m.group(2)))
+    at = end
+out.append(source[at:])
+source = ''.join(out)
+source = re.sub(r'extern\s+__shared__\s+(\w+)\s+(\w+)\s*\[\s*\]\s*;', r'\1 *\2 = (\1 *)emu_dynamic_shared();', source)
+source = source.replace('__shared__', 'static')
+sys.stdout.write('#line 1 "%s"\n%s' % (sys.argv[1], source))
