@@ -433,7 +433,7 @@ int main(int argc, char **argv) {
         model_free(&m);
         return status;
 #else
-        fprintf(stderr, "error: this build has no GPU support: nvcc was not found when it was built (see make info)\n");
+        fprintf(stderr, "error: " NO_GPU_SUPPORT "\n");
         return 1;
 #endif
     }

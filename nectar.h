@@ -423,6 +423,9 @@ uint32_t rng_u32(uint64_t *state);
 float    rng_uniform(uint64_t *state);   /* [0, 1) */
 float    rng_normal(uint64_t *state);
 
+/* What --gpu says in a build without nvcc. */
+#define NO_GPU_SUPPORT "this build has no GPU support: nvcc was not found when it was built (see make info)"
+
 /* Checked allocation: zeroed memory (calloc), or a sentence naming the file
  * and line and exit(1). Code relies on the zeroing. */
 void *check_malloc(size_t n, const char *file, int line);

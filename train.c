@@ -168,7 +168,7 @@ static int parse_options(int argc, char **argv, Options *o) {
         why = "--gpu fits the regression loss only: the KL term needs the transformer's backward, which runs on "
               "the CPU (use --loss regression, or drop --gpu)";
 #ifndef NECTAR_CUDA
-    else if (o->gpu) why = "this build has no GPU support: nvcc was not found when it was built (see make info)";
+    else if (o->gpu) why = NO_GPU_SUPPORT;
 #endif
     if (why) { fprintf(stderr, "error: %s\n", why); return -1; }
     if (o->checkpoint_every <= 0) o->checkpoint_every = o->steps / 4 > 0 ? o->steps / 4 : 1;
