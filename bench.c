@@ -182,10 +182,11 @@ static void fit_throughput(int d, int width, int N, double *queries_per_s, doubl
     moduleset_free(&ms);
 }
 
-
+#ifdef NECTAR_CUDA
 /* ------------------------------------------------------------------------ */
-/* Fitting steps per second: train's step (regression gradients of every
- * module at `batch` positions, clipping, AdamW) over random targets. */
+/* The GPU. Fitting steps per second, on the GPU or the CPU: train's step
+ * (regression gradients of every module at `batch` positions, clipping,
+ * AdamW) over random targets. */
 
 static double fit_steps_per_s(const Config *c, const int *widths, int batch, int gpu) {
     int L = c->n_layers, G = c->n_kv_heads, H = c->n_heads, D = c->dim, d = D / H;
@@ -217,7 +218,6 @@ static double fit_steps_per_s(const Config *c, const int *widths, int batch, int
         modulework_free(&w);
         fitbatch_free(&b);
     }
-#ifdef NECTAR_CUDA
     if (gpu) {
         ModuleSet ms_d;
         FitTargets t_d;
@@ -244,17 +244,14 @@ static double fit_steps_per_s(const Config *c, const int *widths, int batch, int
         fittargets_free_cuda(&t_d);
         moduleset_free_cuda(&ms_d);
     }
-#endif
     free(t.q); free(t.A); free(t.alpha); free(m); free(v);
     moduleset_free(&ms);
     return steps / elapsed;
 }
 
-#ifdef NECTAR_CUDA
-/* ------------------------------------------------------------------------ */
-/* The GPU: one process (its memory is the device's), timed by the wall
- * clock; every forward_cuda ends in a copy of the logits back, so the
- * GPU's work is done when the clock stops. */
+/* Serving on the GPU: one process (its memory is the device's), timed by
+ * the wall clock; every forward_cuda ends in a copy of the logits back, so
+ * the GPU's work is done when the clock stops. */
 
 /* TTFT of the prompt and decode tokens per second after it. */
 static void gpu_generate(const Model *m, const Document *doc, double *ttft_ms, double *decode_tps) {
