@@ -335,7 +335,8 @@ static int bench_gpu(const Model *host, const char *model_path, int min_doc, int
         DocCache cache;
         double t0 = now_seconds();
         if (doccache_build_cuda(&cache, &m, doc_ids, n, BLOCK) != 0) return 1;
-        double prefill_s = now_seconds() - t0;  /* ends in cudaFree, which waits for the GPU */
+        CUDA_CHECK(cudaDeviceSynchronize());
+        double prefill_s = now_seconds() - t0;
         Document exact = {DOC_EXACT, n, &cache, NULL};
         double ttft_reused, tps_exact, ttft_n2, tps_n2, ttft_n10, tps_n10, ttft_none, tps_none;
         gpu_generate(&m, &exact, &ttft_reused, &tps_exact);

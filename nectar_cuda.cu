@@ -660,7 +660,7 @@ void modules_backward_cuda(const ModuleSet *s, int first, int count, ModuleWork 
     mlp_layout(d, width, Db, Ds, Dt, mod->grads, &gr);
     size_t layer_size = (size_t)count * N * width;
     int n_hidden = Db + Ds + Dt;
-    CUDA_CHECK(cudaMemset(w->dhid, 0, n_hidden * layer_size * sizeof(float)));
+    if (n_hidden) CUDA_CHECK(cudaMemset(w->dhid, 0, n_hidden * layer_size * sizeof(float)));
     CUDA_CHECK(cudaMemset(w->dx, 0, count * nd * sizeof(float)));
     /* outputs: a = ws . h_s + bs and A = Wt h_t + bt */
     int hs = mlp_head_input(0, Db, Ds, Dt), ht = mlp_head_input(1, Db, Ds, Dt);
@@ -1058,7 +1058,10 @@ int doccache_build_cuda(DocCache *dev, const Model *m, const int *tokens, int n,
     runstate_alloc_cuda(&s, m, &none, block, n);
     for (int pos = 0; pos < n; pos += block) {
         int len = n - pos < block ? n - pos : block;
-        if (forward_cuda(m, &s, &none, tokens + pos, len, pos, LOGITS_NONE) != 0) return -1;
+        if (forward_cuda(m, &s, &none, tokens + pos, len, pos, LOGITS_NONE) != 0) {
+            runstate_free_cuda(&s);
+            return -1;
+        }
     }
     /* the document's local cache becomes its KV cache */
     dev->n = n;

@@ -2,7 +2,8 @@
 # scripts/gpu_check.sh OUTDIR: every check that needs a GPU, in one go, each
 # step's log in OUTDIR and a summary in OUTDIR/summary.txt:
 #   the build with nvcc, tests/test_cuda on the device, the --gpu programs
-#   against the CPU (tests/test_gpu_programs.sh), and `make bench-gpu`.
+#   against the CPU (tests/test_gpu_programs.sh), `make bench-gpu`, then
+#   compute-sanitizer's memcheck and racecheck over tests/test_cuda.
 # Where pkg-config cannot find OpenBLAS, give its flags in the environment:
 #   BLAS_CFLAGS=-I... BLAS_LIBS="-L... -lopenblas" scripts/gpu_check.sh OUTDIR
 set -u
@@ -28,3 +29,9 @@ step build make -j"$(nproc)" "${make_vars[@]}" infer train benchmark tests/test_
 step test-cuda ./tests/test_cuda
 step gpu-programs bash tests/test_gpu_programs.sh .
 step bench-gpu ./benchmark -m data/model.bin --gpu --max-doc 131072
+# last, as they may not finish in time: CUDA's checkers of memory accesses
+# and shared-memory races over the kernel tests (slow: 3 minutes each at most)
+if command -v compute-sanitizer > /dev/null; then
+    step memcheck timeout 180 compute-sanitizer --tool memcheck ./tests/test_cuda
+    step racecheck timeout 180 compute-sanitizer --tool racecheck ./tests/test_cuda
+fi

@@ -532,6 +532,7 @@ int main(void) {
     test_decode(8, 2, 257, 64);      /* one key into the second chunk */
     test_decode(8, 8, 4096, 64);
     test_decode(32, 8, 40000, 128);  /* long document, GQA 4 */
+    test_decode(4, 2, 300, 256);     /* the largest head size, two chunks */
 
     printf("merge_states\n");
     test_merge(37 * 3, 16);
