@@ -549,14 +549,14 @@ static void weight_grad_batched(int count, int N, int n_in, int n_out, const flo
                                            &one, dW, n_in, (long long)s_dW, count));
 }
 
-/* din_g (N, n_in) += dout_g (N, n_out) W_g (n_out, n_in).
- * Column-major: din_g^T (n_in, N) += W_g^T (n_in, n_out) dout_g^T (n_out, N). */
+/* din_g (N, n_in) = beta din_g + dout_g (N, n_out) W_g (n_out, n_in).
+ * Column-major: din_g^T (n_in, N) = beta din_g^T + W_g^T (n_in, n_out) dout_g^T (n_out, N). */
 static void input_grad_batched(int count, int N, int n_in, int n_out, const float *dout, size_t s_dout,
-                               const float *W, size_t s_W, float *din, size_t s_din) {
+                               const float *W, size_t s_W, float beta, float *din, size_t s_din) {
     const float one = 1.0f;
     CUBLAS_CHECK(cublasSgemmStridedBatched(cublas, CUBLAS_OP_N, CUBLAS_OP_N, n_in, N, n_out, &one,
                                            W, n_in, (long long)s_W, dout, n_out, (long long)s_dout,
-                                           &one, din, n_in, (long long)s_din, count));
+                                           &beta, din, n_in, (long long)s_din, count));
 }
 
 /* out_g (N, n_out) = in_g (N, n_in) W_g^T + b_g: a batch of linear layers.
@@ -579,7 +579,7 @@ static void linear_backward_batched(int count, int N, int n_in, int n_out, const
         bias_grad_kernel<<<blocks_for((size_t)count * n_out, THREADS), THREADS>>>(db, stride, dout, count, N, n_out);
         CUDA_CHECK(cudaGetLastError());
     }
-    if (din) input_grad_batched(count, N, n_in, n_out, dout, (size_t)N * n_out, W, stride, din, (size_t)N * n_in);
+    if (din) input_grad_batched(count, N, n_in, n_out, dout, (size_t)N * n_out, W, stride, 1.0f, din, (size_t)N * n_in);
 }
 
 /* The modules first .. first + count - 1 must share a shape and lie one
@@ -913,6 +913,10 @@ void runstate_free_cuda(RunStateCuda *rs) {
                      s->x_mid, s->xb2, s->hb, s->hb2, s->hgate, s->scores, s->logits, s->key_cache,
                      s->value_cache, s->mq, s->ma, s->mA, rs->part_A, rs->part_lse};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) CUDA_CHECK(cudaFree(bufs[i]));
+    float *grads[] = {s->saved_x, s->dx, s->dx_mid, s->dxb, s->dq, s->dk, s->dv, s->datt, s->dhb, s->dhb2,
+                      s->dhgate, s->ddoc_A, s->dloc_A, s->ddoc_lse, s->dloc_lse, s->dmq, s->dma, s->dmA, s->tmp,
+                      rs->dlogits};
+    for (size_t i = 0; i < sizeof(grads) / sizeof(grads[0]); i++) CUDA_CHECK(cudaFree(grads[i]));
     if (s->work.x) modulework_free_cuda(&s->work);
     CUDA_CHECK(cudaFree(rs->tokens));
     free(rs->logits);
@@ -1034,7 +1038,14 @@ int forward_cuda(const Model *m, RunStateCuda *rs, const Document *doc, const in
     CUDA_CHECK(cudaMemcpy(rs->tokens, tokens, ntok * sizeof(int), cudaMemcpyHostToDevice));
     embed_kernel<<<blocks_for((size_t)ntok * D, THREADS), THREADS>>>(s->x, m->w.token_embedding, rs->tokens, ntok, D);
     CUDA_CHECK(cudaGetLastError());
-    for (int l = 0; l < c->n_layers; l++) layer_forward_cuda(m, rs, doc, l, ntok, pos);
+    size_t layer_rows = (size_t)s->max_block * D;  /* saved_x: (L + 1, B, D) */
+    for (int l = 0; l < c->n_layers; l++) {
+        if (s->saved_x) CUDA_CHECK(cudaMemcpy(s->saved_x + l * layer_rows, s->x, (size_t)ntok * D * sizeof(float),
+                                              cudaMemcpyDeviceToDevice));
+        layer_forward_cuda(m, rs, doc, l, ntok, pos);
+    }
+    if (s->saved_x) CUDA_CHECK(cudaMemcpy(s->saved_x + c->n_layers * layer_rows, s->x, (size_t)ntok * D * sizeof(float),
+                                          cudaMemcpyDeviceToDevice));
     if (logits == LOGITS_NONE) return 0;
     int first = logits == LOGITS_ALL ? 0 : ntok - 1, rows = ntok - first;
     rmsnorm_cuda(s->xb + (size_t)first * D, s->x + (size_t)first * D, m->w.rms_final, rows, D);
@@ -1042,6 +1053,217 @@ int forward_cuda(const Model *m, RunStateCuda *rs, const Document *doc, const in
     matmul_cuda(rows, D, V, s->xb + (size_t)first * D, m->w.wcls, 0.0f, s->logits + (size_t)first * V);
     CUDA_CHECK(cudaMemcpy(rs->logits + (size_t)first * V, s->logits + (size_t)first * V, (size_t)rows * V * sizeof(float),
                           cudaMemcpyDeviceToHost));
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Backward pass (module gradients only): layer_backward of nectar.c         */
+
+void runstate_enable_backward_cuda(RunStateCuda *rs, const Model *m) {
+    RunState *s = &rs->s;
+    const Config *c = &m->config;
+    size_t B = s->max_block, D = c->dim, F = c->hidden_dim, H = c->n_heads;
+    size_t KVD = (size_t)c->dim / c->n_heads * c->n_kv_heads;
+    size_t keys = s->max_doc > s->capacity ? s->max_doc : s->capacity;
+    s->saved_x = (float *)cuda_xmalloc((size_t)(c->n_layers + 1) * B * D * sizeof(float));  /* (L + 1, B, D) */
+    float **rows[] = {&s->dx, &s->dx_mid, &s->dxb, &s->dq, &s->datt, &s->ddoc_A, &s->dloc_A, &s->dmq, &s->dmA};
+    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) *rows[i] = (float *)cuda_xmalloc(B * D * sizeof(float));
+    s->dk = (float *)cuda_xmalloc(B * KVD * sizeof(float));                  /* (B, KVD) */
+    s->dv = (float *)cuda_xmalloc(B * KVD * sizeof(float));
+    float **ffn[] = {&s->dhb, &s->dhb2, &s->dhgate};
+    for (int i = 0; i < 3; i++) *ffn[i] = (float *)cuda_xmalloc(B * F * sizeof(float));  /* (B, F) */
+    float **heads[] = {&s->ddoc_lse, &s->dloc_lse, &s->dma};
+    for (int i = 0; i < 3; i++) *heads[i] = (float *)cuda_xmalloc(B * H * sizeof(float));  /* (B, H) */
+    s->tmp = (float *)cuda_xmalloc(B * keys * sizeof(float));                 /* (B, max(n, capacity)) */
+    rs->dlogits = (float *)cuda_xmalloc(B * c->vocab_size * sizeof(float));  /* (B, V) */
+}
+
+/* One block per row: dx += r w do - (r^3 / n) x sum_i w_i do_i x_i,
+ * r = 1 / sqrt(mean(x^2) + 1e-5) (the backward of rmsnorm; no weight gradient). */
+__global__ void rmsnorm_backward_kernel(float *dx, const float *x, const float *w, const float *dout, int n) {
+    __shared__ float buf[32];
+    size_t row = (size_t)blockIdx.x * n;
+    float ss = 0.0f, dot = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        ss += x[row + i] * x[row + i];
+        dot += w[i] * dout[row + i] * x[row + i];
+    }
+    ss = block_sum(ss, buf);
+    dot = block_sum(dot, buf);
+    float r = 1.0f / sqrtf(ss / n + 1e-5f), k = r * r * r / n * dot;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) dx[row + i] += r * w[i] * dout[row + i] - k * x[row + i];
+}
+
+static void rmsnorm_backward_cuda(float *dx, const float *x, const float *w, const float *dout, int rows, int n) {
+    rmsnorm_backward_kernel<<<rows, THREADS>>>(dx, x, w, dout, n);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+/* hgate = SiLU(hb) hb2, s = sigmoid(hb):
+ *   dhb2 = dhgate hb s,  dhb = dhgate hb2 s (1 + hb (1 - s)) */
+__global__ void swiglu_backward_kernel(float *dhb, float *dhb2, const float *dhgate, const float *hb,
+                                       const float *hb2, size_t n) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float sg = 1.0f / (1.0f + expf(-hb[i]));
+    dhb2[i] = dhgate[i] * hb[i] * sg;
+    dhb[i] = dhgate[i] * hb2[i] * sg * (1.0f + hb[i] * (1.0f - sg));
+}
+
+/* One thread per pair r (row, head): the backward of the merge's A. With
+ * g = sigmoid(lse1 - lse2), A = g A1 + (1 - g) A2:
+ *   dA1 = g dA,  dA2 = (1 - g) dA,  dlse1 = -dlse2 = g (1 - g) dA . (A1 - A2);
+ * both sides empty: g = 0. */
+__global__ void merge_states_backward_kernel(int n, int d, const float *A1, const float *lse1, const float *A2,
+                                             const float *lse2, const float *dA, float *dA1, float *dlse1,
+                                             float *dA2, float *dlse2) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= n) return;
+    size_t row = (size_t)r * d;
+    float m = lse1[r] > lse2[r] ? lse1[r] : lse2[r];
+    float g = m == -INFINITY ? 0.0f : expf(lse1[r] - m) / (expf(lse1[r] - m) + expf(lse2[r] - m));
+    float dot = 0.0f;
+    for (int c = 0; c < d; c++) {
+        dA1[row + c] = g * dA[row + c];
+        dA2[row + c] = (1.0f - g) * dA[row + c];
+        dot += dA[row + c] * (A1[row + c] - A2[row + c]);
+    }
+    dlse1[r] = g * (1.0f - g) * dot;
+    dlse2[r] = -dlse1[r];
+}
+
+/* dst row t (stride ld_dst) += src row t (stride ld_src), `width` floats each */
+__global__ void add_rows_kernel(float *dst, int ld_dst, const float *src, int ld_src, int rows, int width) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * width) return;
+    size_t t = i / width, j = i % width;
+    dst[t * ld_dst + j] += src[t * ld_src + j];
+}
+
+/* dX (rows, n_in) = beta dX + dY (rows, n_out) W, W stored (n_out, n_in): input_grad of nectar.c */
+static void input_grad_cuda(int rows, int n_in, int n_out, const float *dY, const float *W, float beta, float *dX) {
+    input_grad_batched(1, rows, n_in, n_out, dY, 0, W, 0, beta, dX, 0);
+}
+
+/* Backward of local_states for a block from local position 0, recomputed
+ * head by head; writes dq and the block's dk, dv. */
+static void local_states_backward_cuda(const Model *m, RunStateCuda *rs, int l, int ntok) {
+    RunState *s = &rs->s;
+    const Config *c = &m->config;
+    int D = c->dim, H = c->n_heads, d = D / H, KVD = d * c->n_kv_heads, group = H / c->n_kv_heads;
+    CUDA_CHECK(cudaMemset(s->dq, 0, (size_t)ntok * D * sizeof(float)));
+    CUDA_CHECK(cudaMemset(s->dk, 0, (size_t)ntok * KVD * sizeof(float)));
+    CUDA_CHECK(cudaMemset(s->dv, 0, (size_t)ntok * KVD * sizeof(float)));
+    size_t layer = (size_t)l * s->capacity * KVD;
+    for (int h = 0; h < H; h++) {
+        size_t kv = layer + (size_t)(h / group) * d;
+        attention_states_v2_cuda(ntok, ntok, d, s->q + h * d, D, s->key_cache + kv, s->value_cache + kv, KVD, 1,
+                                 s->loc_A + h * d, D, s->loc_lse + h, H, s->scores);
+        attention_states_backward_cuda(ntok, ntok, d, s->q + h * d, D, s->key_cache + kv, s->value_cache + kv, KVD,
+                                       s->loc_A + h * d, s->dloc_A + h * d, D, s->dloc_lse + h, H, s->scores,
+                                       s->dq + h * d, s->dk + (h / group) * d, s->dv + (h / group) * d, s->tmp);
+    }
+}
+
+/* Exact: through the document's state into the queries (the cache is frozen). */
+static void document_states_exact_backward_cuda(const Model *m, RunStateCuda *rs, const DocCache *cache, int l,
+                                                int ntok) {
+    RunState *s = &rs->s;
+    const Config *c = &m->config;
+    int d = c->dim / c->n_heads, KVD = d * c->n_kv_heads, group = c->n_heads / c->n_kv_heads;
+    int n = cache ? cache->n : 0;
+    if (n == 0) return;
+    for (int h = 0; h < c->n_heads; h++) {
+        size_t kv = (size_t)l * n * KVD + (size_t)(h / group) * d;
+        attention_states_v2_cuda(ntok, n, d, s->q + h * d, c->dim, cache->key + kv, cache->value + kv, KVD, n,
+                                 s->doc_A + h * d, c->dim, s->doc_lse + h, c->n_heads, s->scores);
+        attention_states_backward_cuda(ntok, n, d, s->q + h * d, c->dim, cache->key + kv, cache->value + kv, KVD,
+                                       s->doc_A + h * d, s->ddoc_A + h * d, c->dim, s->ddoc_lse + h, c->n_heads,
+                                       s->scores, s->dq + h * d, NULL, NULL, s->tmp);
+    }
+}
+
+/* Nectar: through the layer's G modules (recomputed on the same queries, in
+ * one batch) into their parameters and the queries. */
+static void document_states_nectar_backward_cuda(const Model *m, RunStateCuda *rs, const ModuleSet *ms, int l,
+                                                 int ntok) {
+    RunState *s = &rs->s;
+    const Config *c = &m->config;
+    int d = c->dim / c->n_heads, G = c->n_kv_heads, group = c->n_heads / G, N = ntok * group, row = group * d;
+    for (int g = 0; g < G; g++) {
+        copy_rows_cuda(s->mq + (size_t)g * N * d, row, s->q + g * row, c->dim, ntok, row);
+        copy_rows_cuda(s->dmA + (size_t)g * N * d, row, s->ddoc_A + g * row, c->dim, ntok, row);
+        copy_rows_cuda(s->dma + (size_t)g * N, group, s->ddoc_lse + g * group, c->n_heads, ntok, group);
+    }
+    modules_forward_cuda(ms, l * G, G, &s->work, s->mq, N, s->ma, s->mA);
+    modules_backward_cuda(ms, l * G, G, &s->work, s->mq, N, s->mA, s->dma, s->dmA, s->dmq);
+    for (int g = 0; g < G; g++) {
+        add_rows_kernel<<<blocks_for((size_t)ntok * row, THREADS), THREADS>>>(s->dq + g * row, c->dim,
+                                                                             s->dmq + (size_t)g * N * d, row, ntok, row);
+        CUDA_CHECK(cudaGetLastError());
+    }
+}
+
+/* Backward of layer_forward_cuda: s->dx holds dL/d(output x); on return it
+ * holds dL/d(input x). The layer's forward is recomputed first. */
+static void layer_backward_cuda(const Model *m, RunStateCuda *rs, const Document *doc, int l, int ntok) {
+    RunState *s = &rs->s;
+    const Config *c = &m->config;
+    const Weights *w = &m->w;
+    int D = c->dim, F = c->hidden_dim, H = c->n_heads, d = D / H, KVD = d * c->n_kv_heads;
+    const float *x_in = s->saved_x + (size_t)l * s->max_block * D;
+    CUDA_CHECK(cudaMemcpy(s->x, x_in, (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
+    layer_forward_cuda(m, rs, doc, l, ntok, 0);
+    /* x = x_mid + hgate W2^T */
+    input_grad_cuda(ntok, F, D, s->dx, w->w2 + (size_t)l * D * F, 0.0f, s->dhgate);
+    /* hgate = SiLU(hb) * hb2 */
+    swiglu_backward_kernel<<<blocks_for((size_t)ntok * F, THREADS), THREADS>>>(s->dhb, s->dhb2, s->dhgate, s->hb,
+                                                                              s->hb2, (size_t)ntok * F);
+    CUDA_CHECK(cudaGetLastError());
+    /* hb = xb2 W1^T, hb2 = xb2 W3^T */
+    input_grad_cuda(ntok, D, F, s->dhb, w->w1 + (size_t)l * F * D, 0.0f, s->dxb);
+    input_grad_cuda(ntok, D, F, s->dhb2, w->w3 + (size_t)l * F * D, 1.0f, s->dxb);
+    /* xb2 = rmsnorm(x_mid); x_mid also flows straight to x */
+    CUDA_CHECK(cudaMemcpy(s->dx_mid, s->dx, (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
+    rmsnorm_backward_cuda(s->dx_mid, s->x_mid, w->rms_ffn + (size_t)l * D, s->dxb, ntok, D);
+    /* x_mid = x + att Wo^T */
+    input_grad_cuda(ntok, D, D, s->dx_mid, w->wo + (size_t)l * D * D, 0.0f, s->datt);
+    /* att = merge(document state, local state), per (row, head) */
+    merge_states_backward_kernel<<<blocks_for((size_t)ntok * H, THREADS), THREADS>>>(
+        ntok * H, d, s->doc_A, s->doc_lse, s->loc_A, s->loc_lse, s->datt, s->ddoc_A, s->ddoc_lse, s->dloc_A,
+        s->dloc_lse);
+    CUDA_CHECK(cudaGetLastError());
+    local_states_backward_cuda(m, rs, l, ntok);
+    /* document state: the one place where the two paths differ */
+    if (doc->mode == DOC_NECTAR) document_states_nectar_backward_cuda(m, rs, doc->modules, l, ntok);
+    else document_states_exact_backward_cuda(m, rs, doc->cache, l, ntok);
+    /* q, k rotated at their positions: rotate the gradients back */
+    rope_cuda(s->dq, ntok, D, D, d, doc->n, -1.0f);
+    rope_cuda(s->dk, ntok, KVD, KVD, d, doc->n, -1.0f);
+    /* q, k, v = xb Wq^T, xb Wk^T, xb Wv^T */
+    input_grad_cuda(ntok, D, D, s->dq, w->wq + (size_t)l * D * D, 0.0f, s->dxb);
+    input_grad_cuda(ntok, D, KVD, s->dk, w->wk + (size_t)l * KVD * D, 1.0f, s->dxb);
+    input_grad_cuda(ntok, D, KVD, s->dv, w->wv + (size_t)l * KVD * D, 1.0f, s->dxb);
+    /* xb = rmsnorm(x); x also flows straight to x_mid */
+    CUDA_CHECK(cudaMemcpy(s->dx, s->dx_mid, (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
+    rmsnorm_backward_cuda(s->dx, x_in, w->rms_att + (size_t)l * D, s->dxb, ntok, D);
+}
+
+int backward_cuda(const Model *m, RunStateCuda *rs, const Document *doc, int ntok, const float *dlogits) {
+    RunState *s = &rs->s;
+    const Config *c = &m->config;
+    int D = c->dim, V = c->vocab_size, L = c->n_layers;
+    if (!s->saved_x || ntok != s->block_ntok || s->block_pos != 0) {
+        fprintf(stderr, "error: backward needs a run state with backward enabled and the block just run from position 0\n");
+        return -1;
+    }
+    CUDA_CHECK(cudaMemcpy(rs->dlogits, dlogits, (size_t)ntok * V * sizeof(float), cudaMemcpyHostToDevice));
+    /* logits = rmsnorm(x_L) Wcls^T */
+    const float *x_final = s->saved_x + (size_t)L * s->max_block * D;
+    input_grad_cuda(ntok, D, V, rs->dlogits, m->w.wcls, 0.0f, s->dxb);
+    CUDA_CHECK(cudaMemset(s->dx, 0, (size_t)ntok * D * sizeof(float)));
+    rmsnorm_backward_cuda(s->dx, x_final, m->w.rms_final, s->dxb, ntok, D);
+    for (int l = L - 1; l >= 0; l--) layer_backward_cuda(m, rs, doc, l, ntok);
     return 0;
 }
 

@@ -158,6 +158,7 @@ typedef struct {
     float *part_A, *part_lse;  /* (H, chunks, d), (H, chunks) */
     int *tokens;               /* (B) the block's ids */
     float *logits;             /* (B, V) host: what forward_cuda computed */
+    float *dlogits;            /* (B, V) backward_cuda's input, on the device */
 } RunStateCuda;
 
 /* doc: as on the CPU, with its cache or modules on the device. */
@@ -168,6 +169,15 @@ void runstate_free_cuda(RunStateCuda *s);
  * (decode) attends with the split-KV kernel. */
 int forward_cuda(const Model *m, RunStateCuda *s, const Document *doc,
                  const int *tokens, int ntok, int pos, int logits);
+
+/* What backward_cuda needs (the buffers of runstate_enable_backward, on the
+ * device; freed with the run state). */
+void runstate_enable_backward_cuda(RunStateCuda *s, const Model *m);
+/* backward on the GPU, for the KL term of train --gpu: given dlogits
+ * (ntok, V) on the host, adds the modules' parameter gradients (DOC_NECTAR,
+ * into their grads) and leaves dL/d(layer 0's input) in s->s.dx. The
+ * model's own gradients are not computed on the GPU. */
+int backward_cuda(const Model *m, RunStateCuda *s, const Document *doc, int ntok, const float *dlogits);
 
 #ifdef __cplusplus
 }

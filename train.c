@@ -9,7 +9,7 @@
  *    and records, per position, layer and query head, q, alpha(q) and A(q);
  * 3. fitting: per (layer, KV head) module, AdamW with warmup and cosine
  *    decay, global gradient clipping at 1.0 (on the GPU with --gpu, in a
- *    build with nvcc: the regression loss, each layer's modules batched);
+ *    build with nvcc, each layer's modules batched);
  * 4. the module file (with the held-out prompts) and the metrics.
  */
 #include "nectar.h"
@@ -63,7 +63,7 @@ static void usage(FILE *f) {
         "  --stop-after N    stop after step N (with a checkpoint), as if interrupted\n"
         "  -s SEED           seed of prompts, split, init and batches (default 1234)\n"
         "  --json            one JSON object on stdout instead of tables\n"
-        "  --gpu             fit on the GPU (builds with nvcc; regression loss only)\n"
+        "  --gpu             fit on the GPU (builds with nvcc)\n"
         "  --help            this text\n");
 }
 
@@ -164,9 +164,6 @@ static int parse_options(int argc, char **argv, Options *o) {
         why = "the loss weights must be >= 0 and not all 0";
     else if (o->kl_prompts < 1 || o->kl_prompts > 64) why = "--kl-prompts must be in 1..64";
     else if (o->stop_after > 0 && !o->checkpoint_path) why = "--stop-after needs --checkpoint, or the fit is lost";
-    else if (o->gpu && o->lambda_kl > 0)
-        why = "--gpu fits the regression loss only: the KL term needs the transformer's backward, which runs on "
-              "the CPU (use --loss regression, or drop --gpu)";
 #ifndef NECTAR_CUDA
     else if (o->gpu) why = NO_GPU_SUPPORT;
 #endif
@@ -491,19 +488,34 @@ static float learning_rate(const Options *o, int step) {
     return o->lr * 0.5f * (1.0f + cosf(3.14159265f * progress));
 }
 
+/* One prompt's KL term, weight KL(teacher || student): returns the KL and
+ * leaves its gradient with respect to the student's logits, times the
+ * weight, in dlogits (len, V). */
+static double kl_term(const float *teacher_logits, const float *student_logits, int len, int V, float weight,
+                      float *dlogits) {
+    double kl = kl_loss(teacher_logits, student_logits, len, V, dlogits);
+    for (size_t j = 0; j < (size_t)len * V; j++) dlogits[j] *= weight;
+    return kl;
+}
+
 #ifdef NECTAR_CUDA
 /* The fit on the GPU: device copies of the modules (with gradients), of
- * their Adam moments and of the targets, and a batch. */
+ * their Adam moments, of the targets and of the model, a batch, and the
+ * student of the KL term (the Nectar model on the device modules). */
 typedef struct {
     ModuleSet ms;
     float *m, *v;        /* (n_params) */
     FitTargets targets;
     ModuleWork work;
     FitBatch batch;
+    Model model;
+    Document student_doc;
+    RunStateCuda student;
 } GpuFit;
 
-static void gpu_fit_start(GpuFit *g, const ModuleSet *ms, const Adam *adam, const FitTargets *t, const Config *c,
-                         int B) {
+static void gpu_fit_start(GpuFit *g, const Model *model, const ModuleSet *ms, const Adam *adam, const FitTargets *t,
+                          int B, int max_len, int with_kl) {
+    const Config *c = &model->config;
     size_t bytes = ms->n_params * sizeof(float);
     moduleset_upload_cuda(&g->ms, ms, 1);
     g->m = cuda_xmalloc(bytes);
@@ -513,16 +525,37 @@ static void gpu_fit_start(GpuFit *g, const ModuleSet *ms, const Adam *adam, cons
     fittargets_upload_cuda(&g->targets, t, c->n_layers, c->dim, c->n_heads);
     modulework_alloc_cuda(&g->work, ms, B * c->n_heads);  /* a layer's G modules, B H / G queries each */
     fitbatch_alloc_cuda(&g->batch, ms, c->n_heads, B);
+    model_upload_cuda(&g->model, model);
+    g->student_doc = (Document){DOC_NECTAR, ms->n_doc, NULL, &g->ms};
+    if (with_kl) {
+        runstate_alloc_cuda(&g->student, &g->model, &g->student_doc, max_len, max_len);
+        runstate_enable_backward_cuda(&g->student, &g->model);
+    }
 }
 
-/* One step on the GPU at the positions `pos` (B): returns the loss and sets *norm. */
-static double gpu_fit_step(GpuFit *g, const long *pos, const Options *o, int H, int step, float lr, double *norm) {
-    memcpy(g->batch.pos, pos, g->batch.B * sizeof(long));
+/* Zeroes the gradients, then adds the regression loss's at the positions
+ * `pos` (B), if it has a weight; returns the loss. */
+static double gpu_fit_regression(GpuFit *g, const long *pos, const Options *o, int H) {
     CUDA_CHECK(cudaMemset(g->ms.grads, 0, g->ms.n_params * sizeof(float)));
-    double loss = regression_grads_cuda(&g->ms, &g->work, &g->batch, &g->targets, H, o->lambda_alpha, o->lambda_A);
-    *norm = clip_grad_norm_cuda(g->ms.grads, g->ms.n_params, 1.0);  /* global norm clipping at 1.0 */
-    adamw_update_cuda(g->ms.params, g->ms.grads, g->m, g->v, g->ms.n_params, step, lr, o->weight_decay);
-    return loss;
+    if (o->lambda_alpha + o->lambda_A == 0) return 0;
+    memcpy(g->batch.pos, pos, g->batch.B * sizeof(long));
+    return regression_grads_cuda(&g->ms, &g->work, &g->batch, &g->targets, H, o->lambda_alpha, o->lambda_A);
+}
+
+/* The KL term of one prompt (see kl_term), its gradient added on the GPU. */
+static double gpu_fit_kl(GpuFit *g, const int *tokens, int len, const float *teacher_logits, float weight,
+                         float *dlogits) {
+    forward_cuda(&g->model, &g->student, &g->student_doc, tokens, len, 0, LOGITS_ALL);
+    double kl = kl_term(teacher_logits, g->student.logits, len, g->model.config.vocab_size, weight, dlogits);
+    backward_cuda(&g->model, &g->student, &g->student_doc, len, dlogits);
+    return kl;
+}
+
+/* Global norm clipping at 1.0 and the AdamW step; returns the norm. */
+static double gpu_fit_update(GpuFit *g, int step, float lr, float wd) {
+    double norm = clip_grad_norm_cuda(g->ms.grads, g->ms.n_params, 1.0);
+    adamw_update_cuda(g->ms.params, g->ms.grads, g->m, g->v, g->ms.n_params, step, lr, wd);
+    return norm;
 }
 
 /* The parameters and moments back to the host (checkpoints, the end). */
@@ -533,8 +566,10 @@ static void gpu_fit_download(const GpuFit *g, ModuleSet *ms, Adam *adam) {
     CUDA_CHECK(cudaMemcpy(adam->v, g->v, bytes, cudaMemcpyDeviceToHost));
 }
 
-static void gpu_fit_free(GpuFit *g) {
+static void gpu_fit_free(GpuFit *g, int with_kl) {
     CUDA_CHECK(cudaFree(g->m)); CUDA_CHECK(cudaFree(g->v));
+    if (with_kl) runstate_free_cuda(&g->student);
+    model_free_cuda(&g->model);
     fitbatch_free_cuda(&g->batch);
     modulework_free_cuda(&g->work);
     fittargets_free_cuda(&g->targets);
@@ -719,16 +754,15 @@ int main(int argc, char **argv) {
     /* the student for the KL term: the Nectar model, teacher-forced on a prompt */
     Document student_doc = {DOC_NECTAR, n_doc, NULL, &ms};
     RunState student;
-    int max_len = promptset_max_len(all);
-    float *dlogits = NULL;
-    if (o.lambda_kl > 0) {
+    int max_len = promptset_max_len(all), cpu_student = o.lambda_kl > 0 && !o.gpu;
+    float *dlogits = o.lambda_kl > 0 ? xmalloc((size_t)max_len * c->vocab_size * sizeof(float)) : NULL;
+    if (cpu_student) {
         runstate_alloc(&student, &model, &student_doc, max_len, max_len);
         runstate_enable_backward(&student, &model);
-        dlogits = xmalloc((size_t)max_len * c->vocab_size * sizeof(float));
     }
 #ifdef NECTAR_CUDA
     GpuFit gpu;
-    if (o.gpu) gpu_fit_start(&gpu, &ms, &adam, &targets, c, o.batch);
+    if (o.gpu) gpu_fit_start(&gpu, &model, &ms, &adam, &targets, o.batch, max_len, o.lambda_kl > 0);
 #endif
     double t_fit = now_seconds(), last_print = 0, loss = 0;
     int last_step = o.stop_after > 0 && o.stop_after < o.steps ? o.stop_after : o.steps;
@@ -739,34 +773,47 @@ int main(int argc, char **argv) {
         for (int b = 0; b < batch.B; b++) batch.pos[b] = (long)(rng_u32(&batch_rng) % (uint32_t)td.P);
         float lr = learning_rate(&o, step);
         adam.step++;
-        double norm;
+        /* L = regression over the batch positions + lambda_kl mean KL(teacher || Nectar)
+         * over the positions of kl_prompts prompts */
 #ifdef NECTAR_CUDA
-        if (o.gpu) loss = gpu_fit_step(&gpu, batch.pos, &o, H, adam.step, lr, &norm);
+        if (o.gpu) loss = gpu_fit_regression(&gpu, batch.pos, &o, H);
         else
 #endif
         {
             memset(ms.grads, 0, ms.n_params * sizeof(float));
             loss = o.lambda_alpha + o.lambda_A > 0
                 ? regression_grads(&ms, &work, &batch, &targets, H, o.lambda_alpha, o.lambda_A) : 0;
-            /* + lambda_kl mean KL(teacher || Nectar) over the positions of kl_prompts prompts */
-            int kl_pick[64], kl_positions = 0;
-            for (int k = 0; o.lambda_kl > 0 && k < o.kl_prompts; k++) {
-                kl_pick[k] = rng_u32(&batch_rng) % td.n_train;
-                int i = td.prompt[kl_pick[k]];
-                kl_positions += all->offsets[i + 1] - all->offsets[i];
-            }
-            for (int k = 0; o.lambda_kl > 0 && k < o.kl_prompts; k++) {
-                int i = td.prompt[kl_pick[k]], len = all->offsets[i + 1] - all->offsets[i];
-                const int *tokens = all->tokens + all->offsets[i];
+        }
+        int kl_pick[64], kl_positions = 0;
+        for (int k = 0; o.lambda_kl > 0 && k < o.kl_prompts; k++) {
+            kl_pick[k] = rng_u32(&batch_rng) % td.n_train;
+            int i = td.prompt[kl_pick[k]];
+            kl_positions += all->offsets[i + 1] - all->offsets[i];
+        }
+        for (int k = 0; o.lambda_kl > 0 && k < o.kl_prompts; k++) {
+            int i = td.prompt[kl_pick[k]], len = all->offsets[i + 1] - all->offsets[i];
+            const int *tokens = all->tokens + all->offsets[i];
+            const float *teacher = td.logits + (size_t)td.start[kl_pick[k]] * c->vocab_size;
+            /* kl_loss averages over this prompt's positions; weigh by its share of all of them */
+            float share = (float)len / kl_positions;
+            double kl;
+#ifdef NECTAR_CUDA
+            if (o.gpu) kl = gpu_fit_kl(&gpu, tokens, len, teacher, o.lambda_kl * share, dlogits);
+            else
+#endif
+            {
                 forward(&model, &student, &student_doc, tokens, len, 0, LOGITS_ALL);
-                double kl = kl_loss(td.logits + (size_t)td.start[kl_pick[k]] * c->vocab_size, student.logits, len,
-                                    c->vocab_size, dlogits);
-                /* kl_loss averages over this prompt's positions; weigh by its share of all of them */
-                float share = (float)len / kl_positions;
-                loss += o.lambda_kl * kl * share;
-                for (size_t j = 0; j < (size_t)len * c->vocab_size; j++) dlogits[j] *= o.lambda_kl * share;
+                kl = kl_term(teacher, student.logits, len, c->vocab_size, o.lambda_kl * share, dlogits);
                 backward(&model, &student, &student_doc, tokens, len, dlogits, NULL);
             }
+            loss += o.lambda_kl * kl * share;
+        }
+        double norm;
+#ifdef NECTAR_CUDA
+        if (o.gpu) norm = gpu_fit_update(&gpu, adam.step, lr, o.weight_decay);
+        else
+#endif
+        {
             norm = clip_grad_norm(ms.grads, ms.n_params, 1.0);  /* global norm clipping at 1.0 */
             adamw_update(ms.params, ms.grads, adam.m, adam.v, ms.n_params, adam.step, lr, o.weight_decay);
         }
@@ -788,7 +835,7 @@ int main(int argc, char **argv) {
 #ifdef NECTAR_CUDA
     if (o.gpu) {
         gpu_fit_download(&gpu, &ms, &adam);
-        gpu_fit_free(&gpu);
+        gpu_fit_free(&gpu, o.lambda_kl > 0);
     }
 #endif
     double fit_seconds = now_seconds() - t_fit;
@@ -828,7 +875,7 @@ int main(int argc, char **argv) {
     fitbatch_free(&batch);
     free(adam.m); free(adam.v); free(mult); free(sizes); free(embed); free(is_train); free(order);
     free(td.q); free(td.A); free(td.alpha); free(td.logits); free(td.prompt); free(td.start);
-    if (o.lambda_kl > 0) runstate_free(&student);
+    if (cpu_student) runstate_free(&student);
     free(dlogits);
     modulework_free(&work);
     moduleset_free(&ms);

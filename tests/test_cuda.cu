@@ -3,8 +3,9 @@
  * queries, 17 keys), on realistic ones (128 queries x 4096 keys, 40000-key
  * decode), for GQA ratios 1 and above 1, with empty (nk = 0) and one-key
  * documents and causal rows that see nothing; then the module backward,
- * the fitting loop (GPU-trained against CPU-trained modules) and the whole
- * forward pass (GPU logits against CPU logits).
+ * the fitting loop (GPU-trained against CPU-trained modules), the whole
+ * forward pass (GPU logits against CPU logits) and the backward pass
+ * (module gradients through the whole model).
  *
  * Device outputs start as NaN, so an element a kernel forgets fails. Every
  * check prints its max abs and max rel error; the last line is "N passed,
@@ -484,6 +485,84 @@ static void test_forward(Config c, int n_doc, int block, int n_prompt, int decod
     free(doc_ids); free(prompt);
 }
 
+/* The largest |x_i| of n floats. */
+static double max_abs(const float *x, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) m = fmax(m, fabs(x[i]));
+    return m;
+}
+
+/* The backward pass behind train --gpu's KL term: a random model, a
+ * prompt after the document (exact, Nectar MLP, Nectar quadrature), random
+ * dlogits; the GPU's module gradients and dL/d(layer 0's input) against the
+ * CPU's. These gradients are sums with cancellation: entries 1000 times
+ * smaller than the largest carry the rounding of terms as large as it (on
+ * the CPU alone, dlogits moved by 1e-6 of themselves move dL/dx by 1.3e-6 of
+ * its largest entry, D256 case). So the absolute tolerance is 2e-5 of the
+ * largest entry, with 1e-3 relative. */
+static void test_backward(Config c, int n_doc, int ntok) {
+    char what[200], tag[128];
+    Model m, m_d;
+    if (model_init_random(&m, c, 1, 7 + c.dim + n_doc, 0.08f) != 0) { check("model_init_random", 0); return; }
+    model_upload_cuda(&m_d, &m);
+    int d = c.dim / c.n_heads, V = c.vocab_size, D = c.dim;
+    uint64_t rng = 131 + n_doc;
+    int *doc_ids = (int *)xmalloc(n_doc * sizeof(int)), *tokens = (int *)xmalloc(ntok * sizeof(int));
+    for (int i = 0; i < n_doc; i++) doc_ids[i] = 1 + rng_u32(&rng) % (V - 1);
+    for (int i = 0; i < ntok; i++) tokens[i] = 1 + rng_u32(&rng) % (V - 1);
+    float *dlogits = host_floats((size_t)ntok * V);
+    fill_normal(dlogits, (size_t)ntok * V, 0.1f, &rng);
+    DocCache cache, cache_d;
+    doccache_build(&cache, &m, doc_ids, n_doc, 64);
+    doccache_upload_cuda(&cache_d, &cache);
+    ModuleSet mlp, quad, mlp_d, quad_d;
+    int widths[8], pairs[8];
+    for (int l = 0; l < c.n_layers; l++) { widths[l] = 20 + 4 * (l % 2); pairs[l] = 13 + l; }
+    moduleset_alloc(&mlp, ARCH_MLP, c.n_layers, c.n_kv_heads, d, 1, 1, 1, widths, 1);
+    moduleset_alloc(&quad, ARCH_QUAD, c.n_layers, c.n_kv_heads, d, 0, 0, 0, pairs, 1);
+    fill_normal(mlp.params, mlp.n_params, 0.15f, &rng);
+    fill_normal(quad.params, quad.n_params, 0.5f, &rng);
+    mlp.n_doc = quad.n_doc = n_doc;
+    moduleset_upload_cuda(&mlp_d, &mlp, 1);
+    moduleset_upload_cuda(&quad_d, &quad, 1);
+    struct { const char *name; Document cpu, gpu; ModuleSet *ms, *ms_d; } docs[3] = {
+        {"exact", {DOC_EXACT, n_doc, &cache, NULL}, {DOC_EXACT, n_doc, &cache_d, NULL}, NULL, NULL},
+        {"Nectar MLP", {DOC_NECTAR, n_doc, NULL, &mlp}, {DOC_NECTAR, n_doc, NULL, &mlp_d}, &mlp, &mlp_d},
+        {"Nectar quadrature", {DOC_NECTAR, n_doc, NULL, &quad}, {DOC_NECTAR, n_doc, NULL, &quad_d}, &quad, &quad_d}};
+    snprintf(tag, sizeof(tag), "D%d L%d H%d G%d, document %d, prompt %d", c.dim, c.n_layers, c.n_heads,
+             c.n_kv_heads, n_doc, ntok);
+    for (int r = 0; r < 3; r++) {
+        RunState s;
+        RunStateCuda s_d;
+        runstate_alloc(&s, &m, &docs[r].cpu, ntok, ntok);
+        runstate_enable_backward(&s, &m);
+        runstate_alloc_cuda(&s_d, &m_d, &docs[r].gpu, ntok, ntok);
+        runstate_enable_backward_cuda(&s_d, &m_d);
+        forward(&m, &s, &docs[r].cpu, tokens, ntok, 0, LOGITS_ALL);
+        backward(&m, &s, &docs[r].cpu, tokens, ntok, dlogits, NULL);
+        forward_cuda(&m_d, &s_d, &docs[r].gpu, tokens, ntok, 0, LOGITS_ALL);
+        backward_cuda(&m_d, &s_d, &docs[r].gpu, ntok, dlogits);
+        float *gdx = download(s_d.s.dx, (size_t)ntok * D);
+        snprintf(what, sizeof(what), "backward %s, %s: dL/dx at layer 0", tag, docs[r].name);
+        check_close_f(what, gdx, s.dx, (size_t)ntok * D, 2e-5 * max_abs(s.dx, (size_t)ntok * D), 1e-3);
+        free(gdx);
+        if (docs[r].ms) {
+            float *gg = download(docs[r].ms_d->grads, docs[r].ms->n_params);
+            snprintf(what, sizeof(what), "backward %s, %s: module gradients", tag, docs[r].name);
+            check_close_f(what, gg, docs[r].ms->grads, docs[r].ms->n_params,
+                          2e-5 * max_abs(docs[r].ms->grads, docs[r].ms->n_params), 1e-3);
+            free(gg);
+        }
+        runstate_free(&s);
+        runstate_free_cuda(&s_d);
+    }
+    moduleset_free_cuda(&mlp_d); moduleset_free_cuda(&quad_d);
+    moduleset_free(&mlp); moduleset_free(&quad);
+    doccache_free(&cache); doccache_free_cuda(&cache_d);
+    model_free_cuda(&m_d); model_free(&m);
+    free(doc_ids); free(tokens); free(dlogits);
+}
+
 /* ------------------------------------------------------------------------ */
 
 int main(void) {
@@ -567,6 +646,11 @@ int main(void) {
     test_forward(small, 37, 16, 5, 6);
     test_forward(mha, 17, 17, 3, 4);
     test_forward(wide, 1100, 256, 33, 16);
+
+    printf("backward pass (the KL term of train --gpu)\n");
+    test_backward(small, 37, 9);
+    test_backward(mha, 17, 5);
+    test_backward(wide, 300, 24);
 
     nectar_cuda_free();
     printf("%d passed, %d failed\n", n_passed, n_failed);

@@ -3,7 +3,8 @@
 # document in data/ (run by `make test-cuda` with the GPU build where a GPU is
 # present, and with the emulator build everywhere):
 #   infer -t 0: the same greedy tokens, exact and Nectar;
-#   train --gpu: modules whose held-out metrics match the CPU-fitted ones;
+#   train --gpu: modules whose held-out metrics match the CPU-fitted ones,
+#   with the regression loss and with pure KL;
 #   benchmark --gpu: runs to the end on short documents.
 # usage: tests/test_gpu_programs.sh BINDIR   (BINDIR holds infer, train, benchmark)
 set -u
@@ -38,6 +39,19 @@ sys.exit(1 if bad else 0)
 PY
 ok=$?; cat "$tmp/cmp"
 check "train --gpu: held-out metrics match the CPU fit" $([ $ok = 0 ] && echo 1 || echo 0)
+
+# the KL term (the transformer's backward on the GPU): 10 steps each way
+$bin/train $m -d data/doc.txt -o "$tmp/cpu_kl.nectar" --steps 10 --loss kl --json > "$tmp/cpu_kl.json" 2>/dev/null
+$bin/train $m -d data/doc.txt -o "$tmp/gpu_kl.nectar" --steps 10 --loss kl --json --gpu > "$tmp/gpu_kl.json" 2> "$tmp/gpu_kl.err"
+python3 - "$tmp/cpu_kl.json" "$tmp/gpu_kl.json" <<'PY' > "$tmp/cmp_kl" 2>&1
+import json, sys
+cpu, gpu = (json.load(open(p))["random"] for p in sys.argv[1:3])
+tol = 0.02 * max(abs(cpu["kl_nodoc"] - cpu["kl"]), 1e-3)
+print(f"    kl: CPU {cpu['kl']:.6g}, GPU {gpu['kl']:.6g}, |diff| {abs(cpu['kl'] - gpu['kl']):.2e} (tolerance {tol:.2e})")
+sys.exit(0 if abs(cpu["kl"] - gpu["kl"]) <= tol else 1)
+PY
+ok=$?; cat "$tmp/cmp_kl"; [ -s "$tmp/gpu_kl.json" ] || cat "$tmp/gpu_kl.err"
+check "train --gpu --loss kl: held-out KL matches the CPU fit" $([ $ok = 0 ] && echo 1 || echo 0)
 
 # generation: greedy tokens, the same module on both
 for mode in exact nectar; do
