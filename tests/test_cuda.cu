@@ -412,77 +412,100 @@ static void test_fit(ModuleArch arch, int d, int size, int B, int steps) {
 /* ------------------------------------------------------------------------ */
 /* The forward pass                                                         */
 
-/* A random model and document: the GPU's document cache (its own prefill)
- * against the CPU's, then a prompt and `decode` greedy steps with the
- * document exact, as Nectar modules (random MLP or quadrature) and absent:
- * the GPU's logits against the CPU's at every step. */
+/* A random model and document, and every state of that document on both
+ * sides: the KV cache (the CPU's prefill; the GPU's own), random MLP and
+ * quadrature modules (the modules of a layer share a shape, the layers
+ * differ) and their device copies; docs[]: exact, Nectar MLP, Nectar
+ * quadrature, no document. */
+typedef struct {
+    Model m, m_d;
+    int *doc_ids;
+    DocCache cache, cache_d;
+    ModuleSet mlp, quad, mlp_d, quad_d;
+    struct { const char *name; Document cpu, gpu; ModuleSet *ms, *ms_d; } docs[4];
+} Fixture;
+
+static int fixture_init(Fixture *f, Config c, int n_doc, int block, int with_grads, uint64_t seed) {
+    if (model_init_random(&f->m, c, 1, seed, 0.08f) != 0) { check("model_init_random", 0); return -1; }
+    model_upload_cuda(&f->m_d, &f->m);
+    uint64_t rng = seed * 31 + 1;
+    f->doc_ids = (int *)xmalloc(n_doc * sizeof(int));
+    for (int i = 0; i < n_doc; i++) f->doc_ids[i] = 1 + rng_u32(&rng) % (c.vocab_size - 1);
+    doccache_build(&f->cache, &f->m, f->doc_ids, n_doc, block);
+    doccache_build_cuda(&f->cache_d, &f->m_d, f->doc_ids, n_doc, block);
+    int d = c.dim / c.n_heads, widths[8], pairs[8];
+    for (int l = 0; l < c.n_layers; l++) { widths[l] = 24 + 8 * (l % 2); pairs[l] = 17 + l; }
+    moduleset_alloc(&f->mlp, ARCH_MLP, c.n_layers, c.n_kv_heads, d, 1, 1, 1, widths, with_grads);
+    moduleset_alloc(&f->quad, ARCH_QUAD, c.n_layers, c.n_kv_heads, d, 0, 0, 0, pairs, with_grads);
+    fill_normal(f->mlp.params, f->mlp.n_params, 0.15f, &rng);
+    fill_normal(f->quad.params, f->quad.n_params, 0.5f, &rng);
+    f->mlp.n_doc = f->quad.n_doc = n_doc;
+    moduleset_upload_cuda(&f->mlp_d, &f->mlp, with_grads);
+    moduleset_upload_cuda(&f->quad_d, &f->quad, with_grads);
+    f->docs[0] = {"exact", {DOC_EXACT, n_doc, &f->cache, NULL}, {DOC_EXACT, n_doc, &f->cache_d, NULL}, NULL, NULL};
+    f->docs[1] = {"Nectar MLP", {DOC_NECTAR, n_doc, NULL, &f->mlp}, {DOC_NECTAR, n_doc, NULL, &f->mlp_d},
+                  &f->mlp, &f->mlp_d};
+    f->docs[2] = {"Nectar quadrature", {DOC_NECTAR, n_doc, NULL, &f->quad}, {DOC_NECTAR, n_doc, NULL, &f->quad_d},
+                  &f->quad, &f->quad_d};
+    f->docs[3] = {"no document", {DOC_EXACT, 0, NULL, NULL}, {DOC_EXACT, 0, NULL, NULL}, NULL, NULL};
+    return 0;
+}
+
+static void fixture_free(Fixture *f) {
+    moduleset_free_cuda(&f->mlp_d); moduleset_free_cuda(&f->quad_d);
+    moduleset_free(&f->mlp); moduleset_free(&f->quad);
+    doccache_free(&f->cache); doccache_free_cuda(&f->cache_d);
+    model_free_cuda(&f->m_d); model_free(&f->m);
+    free(f->doc_ids);
+}
+
+/* The GPU's document cache (its own prefill) against the CPU's, then a
+ * prompt and `decode` greedy steps with each state of the document: the
+ * GPU's logits against the CPU's at every step. */
 static void test_forward(Config c, int n_doc, int block, int n_prompt, int decode) {
     char what[200], tag[128];
-    Model m, m_d;
-    if (model_init_random(&m, c, 1, 5 + c.dim + n_doc, 0.08f) != 0) { check("model_init_random", 0); return; }
-    model_upload_cuda(&m_d, &m);
-    int d = c.dim / c.n_heads, V = c.vocab_size;
+    Fixture f;
+    if (fixture_init(&f, c, n_doc, block, 0, 5 + c.dim + n_doc) != 0) return;
+    int V = c.vocab_size;
     uint64_t rng = 101 + n_doc;
-    int *doc_ids = (int *)xmalloc(n_doc * sizeof(int)), *prompt = (int *)xmalloc(n_prompt * sizeof(int));
-    for (int i = 0; i < n_doc; i++) doc_ids[i] = 1 + rng_u32(&rng) % (V - 1);
+    int *prompt = (int *)xmalloc(n_prompt * sizeof(int));
     for (int i = 0; i < n_prompt; i++) prompt[i] = 1 + rng_u32(&rng) % (V - 1);
     snprintf(tag, sizeof(tag), "D%d L%d H%d G%d V%d, document %d (block %d)", c.dim, c.n_layers, c.n_heads,
              c.n_kv_heads, V, n_doc, block);
-    DocCache cache, cache_d;
-    doccache_build(&cache, &m, doc_ids, n_doc, block);
-    doccache_build_cuda(&cache_d, &m_d, doc_ids, n_doc, block);
-    size_t kv = (size_t)c.n_layers * n_doc * cache.kv_dim;
-    float *gk = download(cache_d.key, kv), *gv = download(cache_d.value, kv);
+    size_t kv = (size_t)c.n_layers * n_doc * f.cache.kv_dim;
+    float *gk = download(f.cache_d.key, kv), *gv = download(f.cache_d.value, kv);
     snprintf(what, sizeof(what), "prefill %s: keys", tag);
-    check_close_f(what, gk, cache.key, kv, 1e-4, 1e-3);
+    check_close_f(what, gk, f.cache.key, kv, 1e-4, 1e-3);
     snprintf(what, sizeof(what), "prefill %s: values", tag);
-    check_close_f(what, gv, cache.value, kv, 1e-4, 1e-3);
+    check_close_f(what, gv, f.cache.value, kv, 1e-4, 1e-3);
     free(gk); free(gv);
-    /* modules: random, every module of a layer the same shape */
-    ModuleSet mlp, quad, mlp_d, quad_d;
-    int widths[8], pairs[8];
-    for (int l = 0; l < c.n_layers; l++) { widths[l] = 24 + 8 * (l % 2); pairs[l] = 17 + l; }
-    moduleset_alloc(&mlp, ARCH_MLP, c.n_layers, c.n_kv_heads, d, 1, 1, 1, widths, 0);
-    moduleset_alloc(&quad, ARCH_QUAD, c.n_layers, c.n_kv_heads, d, 0, 0, 0, pairs, 0);
-    fill_normal(mlp.params, mlp.n_params, 0.15f, &rng);
-    fill_normal(quad.params, quad.n_params, 0.5f, &rng);
-    mlp.n_doc = quad.n_doc = n_doc;
-    moduleset_upload_cuda(&mlp_d, &mlp, 0);
-    moduleset_upload_cuda(&quad_d, &quad, 0);
-    struct { const char *name; Document cpu, gpu; } docs[4] = {
-        {"exact", {DOC_EXACT, n_doc, &cache, NULL}, {DOC_EXACT, n_doc, &cache_d, NULL}},
-        {"Nectar MLP", {DOC_NECTAR, n_doc, NULL, &mlp}, {DOC_NECTAR, n_doc, NULL, &mlp_d}},
-        {"Nectar quadrature", {DOC_NECTAR, n_doc, NULL, &quad}, {DOC_NECTAR, n_doc, NULL, &quad_d}},
-        {"no document", {DOC_EXACT, 0, NULL, NULL}, {DOC_EXACT, 0, NULL, NULL}}};
     for (int r = 0; r < 4; r++) {
+        const Document *doc = &f.docs[r].cpu, *doc_d = &f.docs[r].gpu;
         RunState s;
         RunStateCuda s_d;
-        runstate_alloc(&s, &m, &docs[r].cpu, n_prompt, n_prompt + decode);
-        runstate_alloc_cuda(&s_d, &m_d, &docs[r].gpu, n_prompt, n_prompt + decode);
-        forward(&m, &s, &docs[r].cpu, prompt, n_prompt, 0, LOGITS_ALL);
-        forward_cuda(&m_d, &s_d, &docs[r].gpu, prompt, n_prompt, 0, LOGITS_ALL);
-        snprintf(what, sizeof(what), "forward %s, %s: prompt of %d, every row", tag, docs[r].name, n_prompt);
+        runstate_alloc(&s, &f.m, doc, n_prompt, n_prompt + decode);
+        runstate_alloc_cuda(&s_d, &f.m_d, doc_d, n_prompt, n_prompt + decode);
+        forward(&f.m, &s, doc, prompt, n_prompt, 0, LOGITS_ALL);
+        forward_cuda(&f.m_d, &s_d, doc_d, prompt, n_prompt, 0, LOGITS_ALL);
+        snprintf(what, sizeof(what), "forward %s, %s: prompt of %d, every row", tag, f.docs[r].name, n_prompt);
         check_close_f(what, s_d.logits, s.logits, (size_t)n_prompt * V, 1e-4, 1e-3);
         double max_err = 0;
         int same_tokens = 1, token = argmax(s.logits + (size_t)(n_prompt - 1) * V, V);
         for (int i = 0; i < decode; i++) {  /* greedy decode, both fed the CPU's token */
-            forward(&m, &s, &docs[r].cpu, &token, 1, n_prompt + i, LOGITS_LAST);
-            forward_cuda(&m_d, &s_d, &docs[r].gpu, &token, 1, n_prompt + i, LOGITS_LAST);
+            forward(&f.m, &s, doc, &token, 1, n_prompt + i, LOGITS_LAST);
+            forward_cuda(&f.m_d, &s_d, doc_d, &token, 1, n_prompt + i, LOGITS_LAST);
             for (int j = 0; j < V; j++) max_err = fmax(max_err, fabs(s_d.logits[j] - s.logits[j]));
             same_tokens &= argmax(s_d.logits, V) == argmax(s.logits, V);
             token = argmax(s.logits, V);
         }
-        printf("  forward %s, %s: %d decode steps, logits within %.2e\n", tag, docs[r].name, decode, max_err);
-        snprintf(what, sizeof(what), "decode %s, %s: logits within 1e-3, same argmax", tag, docs[r].name);
+        printf("  forward %s, %s: %d decode steps, logits within %.2e\n", tag, f.docs[r].name, decode, max_err);
+        snprintf(what, sizeof(what), "decode %s, %s: logits within 1e-3, same argmax", tag, f.docs[r].name);
         check(what, max_err <= 1e-3 && same_tokens);
         runstate_free(&s);
         runstate_free_cuda(&s_d);
     }
-    moduleset_free_cuda(&mlp_d); moduleset_free_cuda(&quad_d);
-    moduleset_free(&mlp); moduleset_free(&quad);
-    doccache_free(&cache); doccache_free_cuda(&cache_d);
-    model_free_cuda(&m_d); model_free(&m);
-    free(doc_ids); free(prompt);
+    fixture_free(&f);
+    free(prompt);
 }
 
 /* The largest |x_i| of n floats. */
@@ -492,75 +515,54 @@ static double max_abs(const float *x, size_t n) {
     return m;
 }
 
-/* The backward pass behind train --gpu's KL term: a random model, a
- * prompt after the document (exact, Nectar MLP, Nectar quadrature), random
- * dlogits; the GPU's module gradients and dL/d(layer 0's input) against the
- * CPU's. These gradients are sums with cancellation: entries 1000 times
- * smaller than the largest carry the rounding of terms as large as it (on
- * the CPU alone, dlogits moved by 1e-6 of themselves move dL/dx by 1.3e-6 of
- * its largest entry, D256 case). So the absolute tolerance is 2e-5 of the
- * largest entry, with 1e-3 relative. */
+/* The backward pass behind train --gpu's KL term: a prompt after the
+ * document (exact, Nectar MLP, Nectar quadrature), random dlogits; the GPU's
+ * module gradients and dL/d(layer 0's input) against the CPU's. These
+ * gradients are sums with cancellation: entries 1000 times smaller than the
+ * largest carry the rounding of terms as large as it (on the CPU alone,
+ * dlogits moved by 1e-6 of themselves move dL/dx by 1.3e-6 of its largest
+ * entry, D256 case). So the absolute tolerance is 2e-5 of the largest entry,
+ * with 1e-3 relative. */
 static void test_backward(Config c, int n_doc, int ntok) {
     char what[200], tag[128];
-    Model m, m_d;
-    if (model_init_random(&m, c, 1, 7 + c.dim + n_doc, 0.08f) != 0) { check("model_init_random", 0); return; }
-    model_upload_cuda(&m_d, &m);
-    int d = c.dim / c.n_heads, V = c.vocab_size, D = c.dim;
+    Fixture f;
+    if (fixture_init(&f, c, n_doc, 64, 1, 7 + c.dim + n_doc) != 0) return;
+    int V = c.vocab_size, D = c.dim;
     uint64_t rng = 131 + n_doc;
-    int *doc_ids = (int *)xmalloc(n_doc * sizeof(int)), *tokens = (int *)xmalloc(ntok * sizeof(int));
-    for (int i = 0; i < n_doc; i++) doc_ids[i] = 1 + rng_u32(&rng) % (V - 1);
+    int *tokens = (int *)xmalloc(ntok * sizeof(int));
     for (int i = 0; i < ntok; i++) tokens[i] = 1 + rng_u32(&rng) % (V - 1);
     float *dlogits = host_floats((size_t)ntok * V);
     fill_normal(dlogits, (size_t)ntok * V, 0.1f, &rng);
-    DocCache cache, cache_d;
-    doccache_build(&cache, &m, doc_ids, n_doc, 64);
-    doccache_upload_cuda(&cache_d, &cache);
-    ModuleSet mlp, quad, mlp_d, quad_d;
-    int widths[8], pairs[8];
-    for (int l = 0; l < c.n_layers; l++) { widths[l] = 20 + 4 * (l % 2); pairs[l] = 13 + l; }
-    moduleset_alloc(&mlp, ARCH_MLP, c.n_layers, c.n_kv_heads, d, 1, 1, 1, widths, 1);
-    moduleset_alloc(&quad, ARCH_QUAD, c.n_layers, c.n_kv_heads, d, 0, 0, 0, pairs, 1);
-    fill_normal(mlp.params, mlp.n_params, 0.15f, &rng);
-    fill_normal(quad.params, quad.n_params, 0.5f, &rng);
-    mlp.n_doc = quad.n_doc = n_doc;
-    moduleset_upload_cuda(&mlp_d, &mlp, 1);
-    moduleset_upload_cuda(&quad_d, &quad, 1);
-    struct { const char *name; Document cpu, gpu; ModuleSet *ms, *ms_d; } docs[3] = {
-        {"exact", {DOC_EXACT, n_doc, &cache, NULL}, {DOC_EXACT, n_doc, &cache_d, NULL}, NULL, NULL},
-        {"Nectar MLP", {DOC_NECTAR, n_doc, NULL, &mlp}, {DOC_NECTAR, n_doc, NULL, &mlp_d}, &mlp, &mlp_d},
-        {"Nectar quadrature", {DOC_NECTAR, n_doc, NULL, &quad}, {DOC_NECTAR, n_doc, NULL, &quad_d}, &quad, &quad_d}};
     snprintf(tag, sizeof(tag), "D%d L%d H%d G%d, document %d, prompt %d", c.dim, c.n_layers, c.n_heads,
              c.n_kv_heads, n_doc, ntok);
     for (int r = 0; r < 3; r++) {
+        const Document *doc = &f.docs[r].cpu, *doc_d = &f.docs[r].gpu;
         RunState s;
         RunStateCuda s_d;
-        runstate_alloc(&s, &m, &docs[r].cpu, ntok, ntok);
-        runstate_enable_backward(&s, &m);
-        runstate_alloc_cuda(&s_d, &m_d, &docs[r].gpu, ntok, ntok);
-        runstate_enable_backward_cuda(&s_d, &m_d);
-        forward(&m, &s, &docs[r].cpu, tokens, ntok, 0, LOGITS_ALL);
-        backward(&m, &s, &docs[r].cpu, tokens, ntok, dlogits, NULL);
-        forward_cuda(&m_d, &s_d, &docs[r].gpu, tokens, ntok, 0, LOGITS_ALL);
-        backward_cuda(&m_d, &s_d, &docs[r].gpu, ntok, dlogits);
+        runstate_alloc(&s, &f.m, doc, ntok, ntok);
+        runstate_enable_backward(&s, &f.m);
+        runstate_alloc_cuda(&s_d, &f.m_d, doc_d, ntok, ntok);
+        runstate_enable_backward_cuda(&s_d, &f.m_d);
+        forward(&f.m, &s, doc, tokens, ntok, 0, LOGITS_ALL);
+        backward(&f.m, &s, doc, tokens, ntok, dlogits, NULL);
+        forward_cuda(&f.m_d, &s_d, doc_d, tokens, ntok, 0, LOGITS_ALL);
+        backward_cuda(&f.m_d, &s_d, doc_d, ntok, dlogits);
         float *gdx = download(s_d.s.dx, (size_t)ntok * D);
-        snprintf(what, sizeof(what), "backward %s, %s: dL/dx at layer 0", tag, docs[r].name);
+        snprintf(what, sizeof(what), "backward %s, %s: dL/dx at layer 0", tag, f.docs[r].name);
         check_close_f(what, gdx, s.dx, (size_t)ntok * D, 2e-5 * max_abs(s.dx, (size_t)ntok * D), 1e-3);
         free(gdx);
-        if (docs[r].ms) {
-            float *gg = download(docs[r].ms_d->grads, docs[r].ms->n_params);
-            snprintf(what, sizeof(what), "backward %s, %s: module gradients", tag, docs[r].name);
-            check_close_f(what, gg, docs[r].ms->grads, docs[r].ms->n_params,
-                          2e-5 * max_abs(docs[r].ms->grads, docs[r].ms->n_params), 1e-3);
+        if (f.docs[r].ms) {
+            const ModuleSet *ms = f.docs[r].ms;
+            float *gg = download(f.docs[r].ms_d->grads, ms->n_params);
+            snprintf(what, sizeof(what), "backward %s, %s: module gradients", tag, f.docs[r].name);
+            check_close_f(what, gg, ms->grads, ms->n_params, 2e-5 * max_abs(ms->grads, ms->n_params), 1e-3);
             free(gg);
         }
         runstate_free(&s);
         runstate_free_cuda(&s_d);
     }
-    moduleset_free_cuda(&mlp_d); moduleset_free_cuda(&quad_d);
-    moduleset_free(&mlp); moduleset_free(&quad);
-    doccache_free(&cache); doccache_free_cuda(&cache_d);
-    model_free_cuda(&m_d); model_free(&m);
-    free(doc_ids); free(tokens); free(dlogits);
+    fixture_free(&f);
+    free(tokens); free(dlogits);
 }
 
 /* ------------------------------------------------------------------------ */
