@@ -1,9 +1,10 @@
 /* nectar_cuda.cu - the CUDA path of Nectar in C, mirroring nectar.c name for
  * name (suffix _cuda). Read next to nectar.c: checks and memory, the
  * transformer's row-wise ops, attention states and their merge (the split-KV
- * decode is where the merge pays), Nectar modules. Every kernel is version 1:
- * a plain port of the CPU loop, validated by tests/test_cuda.cu. Shapes use
- * the legend at the top of nectar.h; every pointer is device memory.
+ * decode is where the merge pays), Nectar modules batched over a layer's KV
+ * heads, fitting, the forward pass, the backward pass into the modules.
+ * Validated against the CPU by tests/test_cuda.cu. Shapes use the legend at
+ * the top of nectar.h; every pointer is device memory.
  */
 #include "nectar_cuda.h"
 

@@ -1,14 +1,18 @@
-/* nectar_cuda.h - the CUDA path of Nectar in C: kernels that mirror the CPU
- * reference (nectar.c) name for name, with the suffix _cuda.
+/* nectar_cuda.h - the CUDA path of Nectar in C: functions that mirror the
+ * CPU reference (nectar.c) name for name, with the suffix _cuda, and the
+ * same structs (Model, ModuleSet, DocCache, Document, RunState) holding
+ * device pointers.
  *
- * Every float pointer an _cuda function takes is device memory; shapes use
- * the legend at the top of nectar.h. Work is queued on the default stream:
- * functions return before the GPU is done, and a cudaMemcpy back to the host
- * waits for it. fp32 throughout, as on the CPU (cuBLAS runs without TF32).
+ * Every float pointer an _cuda function takes is device memory unless its
+ * comment says host; shapes use the legend at the top of nectar.h. Work is
+ * queued on the default stream: functions return before the GPU is done,
+ * and a cudaMemcpy back to the host waits for it. fp32 throughout, as on the
+ * CPU (cuBLAS runs without TF32). Every function is checked against the CPU
+ * by tests/test_cuda.cu.
  *
- * Version 1: each kernel is a plain port of its CPU loop, checked against the
- * CPU by tests/test_cuda.cu. Faster versions get a number (_v2, ...) and
- * stand next to the one they replace until they pass the same test.
+ * A kernel's first version is a plain port of its CPU loop; a faster one
+ * gets a number (_v2, ...) and stands next to the one it replaces, passing
+ * the same test.
  */
 #ifndef NECTAR_CUDA_H
 #define NECTAR_CUDA_H
