@@ -118,7 +118,7 @@ void modulework_free_cuda(ModuleWork *w);
 /* module_forward for `count` modules first, first + 1, ... of one layer
  * (one shape) in one batch, N queries each: q (count, N, d) -> a (count, N),
  * A (count, N, d). s: a device module set. MLP: strided-batched cuBLAS for
- * the linear layers; quadrature: attention_states_cuda over the p pairs. */
+ * the linear layers; quadrature: attention_states_v2_cuda over the p pairs. */
 void modules_forward_cuda(const ModuleSet *s, int first, int count, ModuleWork *w,
                           const float *q, int N, float *a, float *A);
 /* module_backward of the last modules_forward_cuda on w: adds parameter
@@ -132,7 +132,8 @@ void modules_backward_cuda(const ModuleSet *s, int first, int count, ModuleWork 
 /* The targets on the device (same shapes); free with fittargets_free_cuda. */
 void fittargets_upload_cuda(FitTargets *dev, const FitTargets *host, int n_layers, int dim, int n_heads);
 void fittargets_free_cuda(FitTargets *t);
-/* A FitBatch in device memory (pos stays on the host), plus row_loss. */
+/* A FitBatch in device memory (pos stays on the host; pos_device and
+ * row_loss are set). */
 void fitbatch_alloc_cuda(FitBatch *b, const ModuleSet *s, int n_heads, int B);
 void fitbatch_free_cuda(FitBatch *b);
 /* regression_grads on the GPU: each layer's G modules in one batch. s, w,
@@ -144,7 +145,7 @@ void   adamw_update_cuda(float *params, const float *grads, float *m, float *v, 
                          float lr, float wd);
 
 /* ------------------------------------------------------------------------ */
-/* Forward pass                                                             */
+/* Forward and backward passes                                              */
 
 /* A device copy of the model: the same struct, params and views on the GPU. */
 int  model_upload_cuda(Model *dev, const Model *host);
