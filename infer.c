@@ -273,7 +273,7 @@ int main(int argc, char **argv) {
         prompt[0] = 1;  /* BOS */
         n_prompt = 1;
     }
-    int n_before = has_doc ? n_doc : doc.n;
+    int n_before = has_doc ? n_doc : module_path ? modules.n_doc : 0;  /* tokens before the prompt */
     if (n_before + n_prompt > c->seq_len) {
         fprintf(stderr, "error: document (%d tokens) plus prompt (%d tokens) exceed the model's context "
                 "of %d tokens\n", n_before, n_prompt, c->seq_len);

@@ -103,6 +103,9 @@ expect_refusal "module file shorter than its header is refused" "shorter than" \
 { printf 'XXXX'; tail -c +5 "$tmp/fit.nectar"; } > "$tmp/magic.nectar"
 expect_refusal "module file with a bad magic number is refused" "not a Nectar module" \
     "$bin/infer" -m "$tmp/model.bin" -k "$tmp/magic.nectar" -I "$tmp/prompt.ids"
+seq 3 62 | tr '\n' ' ' > "$tmp/long_prompt.ids"
+expect_refusal "module (200 tokens) plus a 60-token prompt beyond the context of 256" "exceed the model's context" \
+    "$bin/infer" -m "$tmp/model.bin" -k "$tmp/fit.nectar" -I "$tmp/long_prompt.ids"
 expect_refusal "train on a model file that is not one" "out of range" \
     "$bin/train" -m "$tmp/fit.nectar" -D "$tmp/doc.ids" -o "$tmp/y.nectar"
 expect_refusal "train with a rho too small for one unit" "budget is too small" \
