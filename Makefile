@@ -9,18 +9,17 @@ BLAS_CFLAGS := $(shell pkg-config --cflags openblas 2>/dev/null)
 BLAS_LIBS   := $(shell pkg-config --libs openblas 2>/dev/null)
 BLAS_HINT   := OpenBLAS was not found by pkg-config; on Debian or Ubuntu: apt-get install libopenblas-dev
 
-# nvcc is optional: where it is found, the CUDA parts build too and infer,
-# train and benchmark take --gpu; elsewhere they are CPU-only.
+# nvcc is optional. The programs above are CPU-only everywhere; where nvcc is
+# found, `make gpu` builds them again with the CUDA path (--gpu) into
+# build-gpu/, as build-asan/ holds the sanitizer builds.
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls /usr/local/cuda/bin/nvcc 2>/dev/null)
 
 NVCC_FLAGS := -O2 -std=c++17 -Xcompiler -Wall,-Wextra,-Wno-unused-parameter
 # Hopper by default (H100/H200), with PTX so newer GPUs can run it too
 GPU_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
 ifneq ($(NVCC),)
-CUDA_HOME  := $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_HOME  := $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
 GPU_CFLAGS := -DNECTAR_CUDA -I$(CUDA_HOME)/include
-GPU_DEPS   := nectar_cuda.o nectar_cuda.h
-GPU_OBJS   := nectar_cuda.o
 GPU_LIBS   := -L$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lpthread -lstdc++
 endif
 
@@ -30,7 +29,7 @@ SAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sa
 PROGRAMS := infer train pretrain benchmark
 TESTS    := tests/test_core tests/test_corpus tests/random_model
 
-.PHONY: all test test-unit test-bad-input test-train test-cuda test-cuda-emu test-asan clean check-blas info demo model bench bench-gpu
+.PHONY: all gpu test test-unit test-bad-input test-train test-cuda test-cuda-emu test-asan clean check-blas info demo model bench bench-gpu
 
 # The main job: fit Nectar modules (MLP, rho 10%) to the default document for
 # the default model in data/, print the metrics on held-out prompts, then the
@@ -51,9 +50,9 @@ demo: infer train
 bench: benchmark
 	./benchmark -m data/model.bin
 
-# The same on the GPU (a build with nvcc), document lengths 1K..128K.
-bench-gpu: benchmark
-	./benchmark -m data/model.bin --gpu --max-doc 131072
+# The same on the GPU (where nvcc is found), document lengths 1K..128K.
+bench-gpu: build-gpu/benchmark
+	./build-gpu/benchmark -m data/model.bin --gpu --max-doc 131072
 
 # Regenerates data/ (model, tokenizer, document, prompts) from the seed,
 # bit for bit; about half an hour on two cores.
@@ -65,14 +64,14 @@ all: $(PROGRAMS)
 check-blas:
 	@test -n "$(BLAS_LIBS)" || { echo "error: $(BLAS_HINT)" >&2; exit 1; }
 
-infer: infer.c nectar.c nectar.h $(GPU_DEPS) | check-blas
-	$(CC) $(CFLAGS) $(GPU_CFLAGS) $(BLAS_CFLAGS) -o $@ infer.c nectar.c $(GPU_OBJS) $(BLAS_LIBS) $(GPU_LIBS) $(LDLIBS)
+infer: infer.c nectar.c nectar.h | check-blas
+	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ infer.c nectar.c $(BLAS_LIBS) $(LDLIBS)
 
-train: train.c nectar.c nectar.h $(GPU_DEPS) | check-blas
-	$(CC) $(CFLAGS) $(GPU_CFLAGS) $(BLAS_CFLAGS) -o $@ train.c nectar.c $(GPU_OBJS) $(BLAS_LIBS) $(GPU_LIBS) $(LDLIBS)
+train: train.c nectar.c nectar.h | check-blas
+	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ train.c nectar.c $(BLAS_LIBS) $(LDLIBS)
 
-benchmark: bench.c nectar.c nectar.h $(GPU_DEPS) | check-blas
-	$(CC) $(CFLAGS) $(GPU_CFLAGS) $(BLAS_CFLAGS) -o $@ bench.c nectar.c $(GPU_OBJS) $(BLAS_LIBS) $(GPU_LIBS) $(LDLIBS)
+benchmark: bench.c nectar.c nectar.h | check-blas
+	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ bench.c nectar.c $(BLAS_LIBS) $(LDLIBS)
 
 pretrain: pretrain.c corpus.c corpus.h nectar.c nectar.h | check-blas
 	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -pthread -o $@ pretrain.c corpus.c nectar.c $(BLAS_LIBS) $(LDLIBS)
@@ -104,6 +103,21 @@ build-asan/test_core: tests/test_core.c tests/check.h nectar.c nectar.h | check-
 nectar_cuda.o: nectar_cuda.cu nectar_cuda.h nectar.h
 	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) -c nectar_cuda.cu -o $@
 
+# infer, train and benchmark with --gpu (where nvcc is found)
+GPU_PROGRAMS := build-gpu/infer build-gpu/train build-gpu/benchmark
+gpu: $(GPU_PROGRAMS)
+
+build-gpu/%.o: %.c nectar.h nectar_cuda.h | check-blas
+	@test -n "$(NVCC)" || { echo "error: nvcc was not found: the GPU programs need the CUDA toolkit" >&2; exit 1; }
+	@mkdir -p build-gpu
+	$(CC) $(CFLAGS) $(GPU_CFLAGS) $(BLAS_CFLAGS) -c $< -o $@
+
+build-gpu/infer build-gpu/train: build-gpu/%: build-gpu/%.o build-gpu/nectar.o nectar_cuda.o
+	$(CC) -o $@ $^ $(BLAS_LIBS) $(GPU_LIBS) $(LDLIBS)
+
+build-gpu/benchmark: build-gpu/bench.o build-gpu/nectar.o nectar_cuda.o
+	$(CC) -o $@ $^ $(BLAS_LIBS) $(GPU_LIBS) $(LDLIBS)
+
 tests/test_cuda: tests/test_cuda.cu tests/check.h tests/test_cuda_ref.c nectar_cuda.o nectar.c nectar.h | check-blas
 	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -c tests/test_cuda_ref.c -o tests/test_cuda_ref.o
 	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) -c tests/test_cuda.cu -o tests/test_cuda.o
@@ -118,8 +132,8 @@ ifneq ($(NVCC),)
 	$(MAKE) tests/test_cuda
 	./tests/test_cuda
 ifeq ($(GPU_PRESENT),1)
-	$(MAKE) infer train benchmark
-	bash tests/test_gpu_programs.sh .
+	$(MAKE) gpu
+	bash tests/test_gpu_programs.sh build-gpu
 endif
 else
 	@echo "test-cuda: nvcc not found, CUDA tests not built for a GPU (the emulator ran them on the CPU)"
@@ -130,8 +144,8 @@ endif
 # kernels' indexing, masking, reductions and barriers, and the --gpu paths of
 # the programs. What it cannot check is in tests/cuda_emu/README.md.
 EMU := build-emu
-EMU_CXX := $(CXX) -O1 -g -std=c++17 -Itests/cuda_emu -I. -Itests $(BLAS_CFLAGS)
-EMU_CC := $(CC) -O1 -g -std=c11 -D_GNU_SOURCE -DNECTAR_CUDA -Itests/cuda_emu $(BLAS_CFLAGS)
+EMU_CXX := $(CXX) -O1 -g -std=c++17 -Wall -Wextra -Wno-unused-parameter -Itests/cuda_emu -I. -Itests $(BLAS_CFLAGS)
+EMU_CC := $(CC) -O1 -g -std=c11 -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE -DNECTAR_CUDA -Itests/cuda_emu $(BLAS_CFLAGS)
 EMU_SRC := tests/cuda_emu/cuda_emu.cpp tests/cuda_emu/cuda_runtime.h tests/cuda_emu/cublas_v2.h tests/cuda_emu/cu2cpp.py
 
 $(EMU)/%.o: %.c nectar.h nectar_cuda.h $(EMU_SRC) | check-blas
@@ -174,7 +188,7 @@ test-train: $(PROGRAMS) tests/random_model
 	bash tests/test_train.sh
 
 test-bad-input: $(PROGRAMS)
-	GPU_PRESENT=$(GPU_PRESENT) bash tests/test_bad_input.sh .
+	bash tests/test_bad_input.sh .
 
 test-asan: build-asan/infer build-asan/train build-asan/test_core tests/random_model
 	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_core > /dev/null
@@ -183,8 +197,8 @@ test-asan: build-asan/infer build-asan/train build-asan/test_core tests/random_m
 
 info:
 	@echo "OpenBLAS: $(if $(BLAS_LIBS),$(BLAS_LIBS),not found)"
-	@echo "nvcc:     $(if $(NVCC),$(NVCC) (infer, train, benchmark take --gpu),not found (CPU-only programs; CUDA tested on the emulator))"
+	@echo "nvcc:     $(if $(NVCC),$(NVCC) (make gpu: build-gpu/infer, train, benchmark with --gpu),not found (CUDA tested on the emulator only))"
 	@echo "GPU:      $(if $(filter 1,$(GPU_PRESENT)),present (nvidia-smi lists one),none found)"
 
 clean:
-	rm -rf $(PROGRAMS) $(TESTS) tests/test_cuda *.o tests/*.o build-asan $(EMU) tests/tmp_* $(DEMO_DIR)
+	rm -rf $(PROGRAMS) $(TESTS) tests/test_cuda *.o tests/*.o build-asan build-gpu $(EMU) tests/tmp_* $(DEMO_DIR)

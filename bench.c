@@ -49,6 +49,20 @@ static int mlp_width(const Config *c, int n, float rho) {
     return mlp_width_for_budget(d, (long)(rho * 2.0 * n * d), 1, 1, 1);
 }
 
+/* MLP modules (1,1,1) of the width rho allows for a document of n tokens in
+ * every layer (the values do not change the timing); exits when n is too
+ * short for rho (moduleset_alloc says so). */
+static void bench_modules(const Config *c, int n, float rho, int with_grads, ModuleSet *ms) {
+    int *widths = xmalloc(c->n_layers * sizeof(int));
+    for (int l = 0; l < c->n_layers; l++) widths[l] = mlp_width(c, n, rho);
+    if (moduleset_alloc(ms, ARCH_MLP, c->n_layers, c->n_kv_heads, c->dim / c->n_heads, 1, 1, 1, widths,
+                        with_grads) != 0)
+        exit(1);
+    mlp_init(ms, 1, NULL, NULL);
+    ms->n_doc = n;
+    free(widths);
+}
+
 /* One configuration, in the child. */
 static Measure run_config(const Model *m, RunKind kind, const int *doc_ids, int n, float rho) {
     const Config *c = &m->config;
@@ -77,13 +91,7 @@ static Measure run_config(const Model *m, RunKind kind, const int *doc_ids, int 
         doc = (Document){DOC_EXACT, n, &cache, NULL};
         r.state_bytes = 2.0 * sizeof(float) * c->n_layers * n * cache.kv_dim;
     } else if (kind == RUN_NECTAR) {
-        int *widths = xmalloc(c->n_layers * sizeof(int));
-        for (int l = 0; l < c->n_layers; l++) widths[l] = mlp_width(c, n, rho);
-        if (moduleset_alloc(&ms, ARCH_MLP, c->n_layers, c->n_kv_heads, c->dim / c->n_heads, 1, 1, 1, widths, 0) != 0)
-            exit(1);  /* a document too short for rho (the sentence is out) */
-        mlp_init(&ms, 1, NULL, NULL);  /* timing does not depend on the values */
-        ms.n_doc = n;
-        free(widths);
+        bench_modules(c, n, rho, 0, &ms);
         doc = (Document){DOC_NECTAR, n, NULL, &ms};
         r.state_bytes = ms.n_params * sizeof(float);
     }
@@ -188,11 +196,10 @@ static void fit_throughput(int d, int width, int N, double *queries_per_s, doubl
  * (regression gradients of every module at `batch` positions, clipping,
  * AdamW) over random targets. */
 
-static double fit_steps_per_s(const Config *c, const int *widths, int batch, int gpu) {
-    int L = c->n_layers, G = c->n_kv_heads, H = c->n_heads, D = c->dim, d = D / H;
+static double fit_steps_per_s(const Config *c, int n, float rho, int batch, int gpu) {
+    int L = c->n_layers, G = c->n_kv_heads, H = c->n_heads, D = c->dim;
     ModuleSet ms;
-    moduleset_alloc(&ms, ARCH_MLP, L, G, d, 1, 1, 1, widths, 1);
-    mlp_init(&ms, 3, NULL, NULL);
+    bench_modules(c, n, rho, 1, &ms);
     long P = 4096;
     FitTargets t = {P, xmalloc((size_t)L * P * D * sizeof(float)), xmalloc((size_t)L * P * D * sizeof(float)),
                     xmalloc((size_t)L * P * H * sizeof(float))};
@@ -201,23 +208,7 @@ static double fit_steps_per_s(const Config *c, const int *widths, int batch, int
     for (size_t i = 0; i < (size_t)L * P * H; i++) t.alpha[i] = 2.0f * rng_normal(&rng);
     float *m = xmalloc(ms.n_params * sizeof(float)), *v = xmalloc(ms.n_params * sizeof(float));
     int steps = 0;
-    double t0 = now_seconds(), elapsed;
-    if (!gpu) {
-        ModuleWork w;
-        FitBatch b;
-        modulework_alloc(&w, &ms, batch * (H / G));
-        fitbatch_alloc(&b, &ms, H, batch);
-        do {
-            for (int i = 0; i < batch; i++) b.pos[i] = rng_u32(&rng) % P;
-            memset(ms.grads, 0, ms.n_params * sizeof(float));
-            regression_grads(&ms, &w, &b, &t, H, 0.1f, 1.0f);
-            clip_grad_norm(ms.grads, ms.n_params, 1.0);
-            adamw_update(ms.params, ms.grads, m, v, ms.n_params, ++steps, 1e-3f, 0.01f);
-            elapsed = now_seconds() - t0;
-        } while (elapsed < 1.0 || steps < 3);
-        modulework_free(&w);
-        fitbatch_free(&b);
-    }
+    double t0, elapsed;
     if (gpu) {
         ModuleSet ms_d;
         FitTargets t_d;
@@ -228,7 +219,8 @@ static double fit_steps_per_s(const Config *c, const int *widths, int batch, int
         modulework_alloc_cuda(&w, &ms, batch * H);
         fitbatch_alloc_cuda(&b, &ms, H, batch);
         float *m_d = cuda_xmalloc(ms.n_params * sizeof(float)), *v_d = cuda_xmalloc(ms.n_params * sizeof(float));
-        do {  /* each step ends in a copy back (loss, norm): the time is the GPU's */
+        t0 = now_seconds();
+        do {  /* each step ends in a copy back (the norm): the time is the GPU's */
             for (int i = 0; i < batch; i++) b.pos[i] = rng_u32(&rng) % P;
             CUDA_CHECK(cudaMemset(ms_d.grads, 0, ms.n_params * sizeof(float)));
             regression_grads_cuda(&ms_d, &w, &b, &t_d, H, 0.1f, 1.0f);
@@ -236,13 +228,29 @@ static double fit_steps_per_s(const Config *c, const int *widths, int batch, int
             adamw_update_cuda(ms_d.params, ms_d.grads, m_d, v_d, ms.n_params, ++steps, 1e-3f, 0.01f);
             elapsed = now_seconds() - t0;
         } while (elapsed < 1.0 || steps < 3);
-        CUDA_CHECK(cudaDeviceSynchronize());
+        CUDA_CHECK(cudaDeviceSynchronize());  /* the last AdamW step */
         elapsed = now_seconds() - t0;
         CUDA_CHECK(cudaFree(m_d)); CUDA_CHECK(cudaFree(v_d));
         fitbatch_free_cuda(&b);
         modulework_free_cuda(&w);
         fittargets_free_cuda(&t_d);
         moduleset_free_cuda(&ms_d);
+    } else {
+        ModuleWork w;
+        FitBatch b;
+        modulework_alloc(&w, &ms, batch * (H / G));
+        fitbatch_alloc(&b, &ms, H, batch);
+        t0 = now_seconds();
+        do {
+            for (int i = 0; i < batch; i++) b.pos[i] = rng_u32(&rng) % P;
+            memset(ms.grads, 0, ms.n_params * sizeof(float));
+            regression_grads(&ms, &w, &b, &t, H, 0.1f, 1.0f);
+            clip_grad_norm(ms.grads, ms.n_params, 1.0);
+            adamw_update(ms.params, ms.grads, m, v, ms.n_params, ++steps, 1e-3f, 0.01f);
+            elapsed = now_seconds() - t0;
+        } while (elapsed < 1.0 || steps < 3);
+        modulework_free(&w);
+        fitbatch_free(&b);
     }
     free(t.q); free(t.A); free(t.alpha); free(m); free(v);
     moduleset_free(&ms);
@@ -266,19 +274,6 @@ static void gpu_generate(const Model *m, const Document *doc, double *ttft_ms, d
     *ttft_ms = (t1 - t0) * 1e3;
     *decode_tps = DECODE / (now_seconds() - t1);
     runstate_free_cuda(&s);
-}
-
-/* Nectar modules of the width rho allows, on the device (values do not
- * change the timing). */
-static void gpu_modules(const Config *c, int n, float rho, ModuleSet *host, ModuleSet *dev) {
-    int *widths = xmalloc(c->n_layers * sizeof(int));
-    for (int l = 0; l < c->n_layers; l++) widths[l] = mlp_width(c, n, rho);
-    if (moduleset_alloc(host, ARCH_MLP, c->n_layers, c->n_kv_heads, c->dim / c->n_heads, 1, 1, 1, widths, 0) != 0)
-        exit(1);  /* a document too short for rho (the sentence is out) */
-    mlp_init(host, 1, NULL, NULL);
-    host->n_doc = n;
-    moduleset_upload_cuda(dev, host, 0);
-    free(widths);
 }
 
 /* cuBLAS sgemm GFLOP/s for C (M, N) = A (M, K) B^T, as matmul_cuda runs it */
@@ -335,7 +330,6 @@ static int bench_gpu(const Model *host, const char *model_path, int min_doc, int
         DocCache cache;
         double t0 = now_seconds();
         if (doccache_build_cuda(&cache, &m, doc_ids, n, BLOCK) != 0) return 1;
-        CUDA_CHECK(cudaDeviceSynchronize());
         double prefill_s = now_seconds() - t0;
         Document exact = {DOC_EXACT, n, &cache, NULL};
         double ttft_reused, tps_exact, ttft_n2, tps_n2, ttft_n10, tps_n10, ttft_none, tps_none;
@@ -344,8 +338,10 @@ static int bench_gpu(const Model *host, const char *model_path, int min_doc, int
         double gflops = (forward_flops(c, n, 0, 0) + forward_flops(c, PROMPT, n, 1)) / (ttft_full / 1e3) / 1e9;
         doccache_free_cuda(&cache);
         ModuleSet h2, d2, h10, d10;
-        gpu_modules(c, n, 0.02f, &h2, &d2);
-        gpu_modules(c, n, 0.10f, &h10, &d10);
+        bench_modules(c, n, 0.02f, 0, &h2);
+        bench_modules(c, n, 0.10f, 0, &h10);
+        moduleset_upload_cuda(&d2, &h2, 0);
+        moduleset_upload_cuda(&d10, &h10, 0);
         Document nectar2 = {DOC_NECTAR, n, NULL, &d2}, nectar10 = {DOC_NECTAR, n, NULL, &d10};
         gpu_generate(&m, &nectar2, &ttft_n2, &tps_n2);
         gpu_generate(&m, &nectar10, &ttft_n10, &tps_n10);
@@ -382,19 +378,17 @@ static int bench_gpu(const Model *host, const char *model_path, int min_doc, int
     float *bufs[] = {q, kv, A, lse, scores};
     for (int i = 0; i < 5; i++) CUDA_CHECK(cudaFree(bufs[i]));
     /* fitting: the rho 10% modules of the longest document, train's batch */
-    int *widths = xmalloc(c->n_layers * sizeof(int));
-    for (int l = 0; l < c->n_layers; l++) widths[l] = mlp_width(c, longest, 0.10f);
     int batch = 64;
     fprintf(stderr, "fitting throughput ... (%.0fs so far)\n", now_seconds() - t_start);
-    double gpu_steps = fit_steps_per_s(c, widths, batch, 1), cpu_steps = fit_steps_per_s(c, widths, batch, 0);
+    double gpu_steps = fit_steps_per_s(c, longest, 0.10f, batch, 1);
+    double cpu_steps = fit_steps_per_s(c, longest, 0.10f, batch, 0);
     double queries = (double)batch * c->n_heads * c->n_layers;  /* module queries per step */
     printf("module fitting (rho 10%% of %d tokens: width %d, %d modules; batch %d positions = %.0f module queries "
            "a step, forward + backward + AdamW): GPU %.1f steps/s (%.0f queries/s), CPU %.1f steps/s (%.0f queries/s): "
-           "GPU %.1fx the CPU\n", longest, widths[0], c->n_layers * c->n_kv_heads, batch, queries, gpu_steps,
-           gpu_steps * queries, cpu_steps, cpu_steps * queries, gpu_steps / cpu_steps);
+           "GPU %.1fx the CPU\n", longest, mlp_width(c, longest, 0.10f), c->n_layers * c->n_kv_heads, batch,
+           queries, gpu_steps, gpu_steps * queries, cpu_steps, cpu_steps * queries, gpu_steps / cpu_steps);
     printf("train's default 6000 steps: %.0f s on the GPU, %.0f s on the CPU\n", 6000 / gpu_steps, 6000 / cpu_steps);
     fprintf(stderr, "GPU bench took %.0f s\n", now_seconds() - t_start);
-    free(widths);
     model_free_cuda(&m);
     nectar_cuda_free();
     return 0;

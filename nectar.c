@@ -689,6 +689,7 @@ void module_backward(const ModuleSet *s, const Module *mod, ModuleWork *w,
 
 void fitbatch_alloc(FitBatch *b, const ModuleSet *s, int n_heads, int B) {
     size_t G = s->n_kv_heads, N = (size_t)B * (n_heads / s->n_kv_heads), d = s->head_size;
+    memset(b, 0, sizeof(*b));
     b->B = B;
     b->N = (int)N;
     b->pos = xmalloc(B * sizeof(long));
@@ -747,7 +748,7 @@ double clip_grad_norm(float *grads, size_t n, double max_norm) {
 }
 
 void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, int step, float lr, float wd) {
-    const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+    const float b1 = ADAM_BETA1, b2 = ADAM_BETA2, eps = ADAM_EPS;
     float c1 = 1.0f - powf(b1, step), c2 = 1.0f - powf(b2, step);
     for (size_t i = 0; i < n; i++) {
         float g = grads[i];

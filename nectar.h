@@ -270,6 +270,10 @@ double regression_grads(ModuleSet *s, ModuleWork *w, FitBatch *b, const FitTarge
 /* Scales grads (n) down to norm max_norm when their norm is larger; returns
  * the norm before. */
 double clip_grad_norm(float *grads, size_t n, double max_norm);
+/* AdamW's constants, shared by the CPU and the GPU */
+#define ADAM_BETA1 0.9f
+#define ADAM_BETA2 0.999f
+#define ADAM_EPS   1e-8f
 /* One AdamW step; `step` counts from 1:
  *   m = b1 m + (1 - b1) g,  v = b2 v + (1 - b2) g^2,
  *   theta -= lr ((m / c1) / (sqrt(v / c2) + eps) + wd theta),  c_i = 1 - b_i^step */
@@ -423,8 +427,8 @@ uint32_t rng_u32(uint64_t *state);
 float    rng_uniform(uint64_t *state);   /* [0, 1) */
 float    rng_normal(uint64_t *state);
 
-/* What --gpu says in a build without nvcc. */
-#define NO_GPU_SUPPORT "this build has no GPU support: nvcc was not found when it was built (see make info)"
+/* What --gpu says in the CPU-only build. */
+#define NO_GPU_SUPPORT "this is the CPU-only build; --gpu is in build-gpu/ (make gpu, where nvcc is found)"
 
 /* Checked allocation: zeroed memory (calloc), or a sentence naming the file
  * and line and exit(1). Code relies on the zeroing. */

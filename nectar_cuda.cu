@@ -4,7 +4,8 @@
  * decode is where the merge pays), Nectar modules batched over a layer's KV
  * heads, fitting, the forward pass, the backward pass into the modules.
  * Validated against the CPU by tests/test_cuda.cu. Shapes use the legend at
- * the top of nectar.h; every pointer is device memory.
+ * the top of nectar.h; every pointer is device memory unless nectar_cuda.h
+ * says host.
  */
 #include "nectar_cuda.h"
 
@@ -200,7 +201,7 @@ __device__ void attention_state_device(int seen, int d, const float *qs, const f
         for (int j = slice; j < seen; j += n_slices) a += row[j] * v[(size_t)j * ldkv + c];
     acc[threadIdx.x] = a;
     __syncthreads();
-    if (threadIdx.x < d) {
+    if ((int)threadIdx.x < d) {
         float total = 0.0f;
         for (int sl = 0; sl < n_slices; sl++) total += acc[sl * d + threadIdx.x];
         A[threadIdx.x] = total;
@@ -760,7 +761,7 @@ __global__ void fit_loss_kernel(const float *a, const float *A, const float *alp
     row_loss[row] = loss;
 }
 
-/* sums[n] = sum of x[0..n), added in order by one thread */
+/* x[n] = sum of x[0..n), added in order by one thread */
 __global__ void serial_sum_kernel(double *x, size_t n) {
     double sum = 0;
     for (size_t i = 0; i < n; i++) sum += x[i];
@@ -827,7 +828,7 @@ double clip_grad_norm_cuda(float *grads, size_t n, double max_norm) {
  *   theta -= lr ((m / c1) / (sqrt(v / c2) + eps) + wd theta) */
 __global__ void adamw_kernel(float *params, const float *grads, float *m, float *v, size_t n,
                              float c1, float c2, float lr, float wd) {
-    const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+    const float b1 = ADAM_BETA1, b2 = ADAM_BETA2, eps = ADAM_EPS;
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= n) return;
     float g = grads[i];
@@ -839,7 +840,7 @@ __global__ void adamw_kernel(float *params, const float *grads, float *m, float 
 void adamw_update_cuda(float *params, const float *grads, float *m, float *v, size_t n, int step,
                        float lr, float wd) {
     if (n == 0) return;
-    float c1 = 1.0f - powf(0.9f, step), c2 = 1.0f - powf(0.999f, step);
+    float c1 = 1.0f - powf(ADAM_BETA1, step), c2 = 1.0f - powf(ADAM_BETA2, step);
     adamw_kernel<<<blocks_for(n, THREADS), THREADS>>>(params, grads, m, v, n, c1, c2, lr, wd);
     CUDA_CHECK(cudaGetLastError());
 }
@@ -857,14 +858,6 @@ int model_upload_cuda(Model *dev, const Model *host) {
 void model_free_cuda(Model *dev) {
     CUDA_CHECK(cudaFree(dev->params));
     memset(dev, 0, sizeof(*dev));
-}
-
-int doccache_upload_cuda(DocCache *dev, const DocCache *host) {
-    *dev = *host;
-    size_t count = (size_t)host->n_layers * host->n * host->kv_dim;
-    dev->key = upload_floats(host->key, count);      /* (L, n, KVD) */
-    dev->value = upload_floats(host->value, count);  /* (L, n, KVD) */
-    return 0;
 }
 
 void doccache_free_cuda(DocCache *dev) {
@@ -1286,6 +1279,7 @@ int doccache_build_cuda(DocCache *dev, const Model *m, const int *tokens, int n,
             return -1;
         }
     }
+    CUDA_CHECK(cudaDeviceSynchronize());  /* the prefill is done when this returns (callers time it) */
     /* the document's local cache becomes its KV cache */
     dev->n = n;
     dev->n_layers = m->config.n_layers;

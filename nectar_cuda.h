@@ -7,8 +7,9 @@
  * comment says host; shapes use the legend at the top of nectar.h. Work is
  * queued on the default stream: functions return before the GPU is done,
  * and a cudaMemcpy back to the host waits for it. fp32 throughout, as on the
- * CPU (cuBLAS runs without TF32). Every function is checked against the CPU
- * by tests/test_cuda.cu.
+ * CPU (cuBLAS runs without TF32). Checked against the CPU by
+ * tests/test_cuda.cu (every kernel, the fitting step, the forward and
+ * backward passes) and tests/test_gpu_programs.sh (the programs' --gpu).
  *
  * A kernel's first version is a plain port of its CPU loop; a faster one
  * gets a number (_v2, ...) and stands next to the one it replaces, passing
@@ -150,9 +151,8 @@ void   adamw_update_cuda(float *params, const float *grads, float *m, float *v, 
 /* A device copy of the model: the same struct, params and views on the GPU. */
 int  model_upload_cuda(Model *dev, const Model *host);
 void model_free_cuda(Model *dev);
-/* The document's KV cache on the GPU: a copy of a host cache, or built by a
- * GPU prefill (forward_cuda over the document in blocks). */
-int  doccache_upload_cuda(DocCache *dev, const DocCache *host);
+/* The document's KV cache built by a GPU prefill (forward_cuda over the
+ * document in blocks); returns when the GPU is done. */
 int  doccache_build_cuda(DocCache *dev, const Model *m, const int *tokens, int n, int block);
 void doccache_free_cuda(DocCache *dev);
 

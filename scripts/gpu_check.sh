@@ -25,10 +25,10 @@ step() {
 
 nvidia-smi > "$out/nvidia-smi.log" 2>&1
 step info make "${make_vars[@]}" info
-step build make -j"$(nproc)" "${make_vars[@]}" infer train benchmark tests/test_cuda || exit 1
+step build make -j"$(nproc)" "${make_vars[@]}" all gpu tests/test_cuda || exit 1
 step test-cuda ./tests/test_cuda
-step gpu-programs bash tests/test_gpu_programs.sh .
-step bench-gpu ./benchmark -m data/model.bin --gpu --max-doc 131072
+step gpu-programs bash tests/test_gpu_programs.sh build-gpu
+step bench-gpu ./build-gpu/benchmark -m data/model.bin --gpu --max-doc 131072
 # last, as they may not finish in time: CUDA's checkers of memory accesses
 # and shared-memory races over the kernel tests (slow: 3 minutes each at most)
 if command -v compute-sanitizer > /dev/null; then

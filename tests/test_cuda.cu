@@ -632,7 +632,7 @@ int main(void) {
     test_module(ARCH_MLP, 16, 5, 0, 1, 2, 37, 1.0f);
     test_module(ARCH_MLP, 16, 9, 0, 0, 0, 11, 2.0f);   /* no hidden layer: both heads read x */
     test_module(ARCH_MLP, 64, 512, 1, 1, 1, 512, 1.0f);
-    test_module(ARCH_MLP, 64, 256, 2, 2, 2, 1024, 1.0f);
+    test_module(ARCH_MLP, 64, 256, 2, 2, 2, 1024, 1.0f);   /* deep: 1024 queries for each module of the batch */
     test_module(ARCH_QUAD, 16, 17, 0, 0, 0, 37, 1.0f);
     test_module(ARCH_QUAD, 32, 1, 0, 0, 0, 7, 1.0f);   /* one pair */
     test_module(ARCH_QUAD, 64, 409, 0, 0, 0, 512, 1.0f);

@@ -2,8 +2,10 @@
 
 kernel<<<grid, block[, smem]>>>(args)  ->  emu_launch([&] { kernel(args); }, grid, block[, smem])
 extern __shared__ T name[];            ->  T *name = (T *)emu_dynamic_shared();
-__shared__                             ->  static (blocks run one at a time, so a
-                                           function's statics are the block's shared memory)
+__shared__ T a[N], b[M];               ->  static T a[N], b[M]; EMU_SHARED(a); EMU_SHARED(b);
+                                           (blocks run one at a time, so a function's statics
+                                           are the block's shared memory; EMU_SHARED makes them
+                                           NaN at the start of every block)
 """
 import re
 import sys
@@ -22,5 +24,9 @@ while (m := launch.search(source, at)):
 out.append(source[at:])
 source = ''.join(out)
 source = re.sub(r'extern\s+__shared__\s+(\w+)\s+(\w+)\s*\[\s*\]\s*;', r'\1 *\2 = (\1 *)emu_dynamic_shared();', source)
-source = source.replace('__shared__', 'static')
+source = re.sub(r'__shared__\s+(\w+)\s+([^;]+);',
+                lambda m: 'static %s %s; %s' % (m.group(1), m.group(2),
+                                                 ' '.join('EMU_SHARED(%s);' % name
+                                                          for name in re.findall(r'(\w+)\s*\[', m.group(2)))),
+                source)
 sys.stdout.write('#line 1 "%s"\n%s' % (sys.argv[1], source))

@@ -1,6 +1,10 @@
 /* cuda_emu.cpp - the CPU emulator's runtime: kernel launches run block by
  * block, each CUDA thread a fiber; memory calls are host memory; cuBLAS is
  * OpenBLAS. See cuda_runtime.h for the scheduling rule. */
+/* Fibers switch by _longjmp to another stack, which _FORTIFY_SOURCE's
+ * checked longjmp (on by default in some distributions' compilers) would
+ * take for stack corruption. */
+#undef _FORTIFY_SOURCE
 #include "cuda_runtime.h"
 #include "cublas_v2.h"
 
@@ -32,6 +36,8 @@ jmp_buf scheduler;
 ucontext_t scheduler_context;
 const std::function<void()> *kernel;  /* the launch's body */
 std::vector<char> dynamic_shared;
+std::vector<std::pair<void *, size_t>> static_shared;  /* every __shared__ array seen so far */
+long passes;                          /* scheduling passes so far: odd ones run the fibers backwards */
 float lanes[MAX_THREADS / 32][32];    /* one value per lane, for the shuffles */
 cudaError_t last_error = cudaSuccess;
 
@@ -46,6 +52,16 @@ void fiber_main() {
 void wait_at(State s) {
     fibers[current].state = s;
     if (!_setjmp(fibers[current].resume)) _longjmp(scheduler, 1);
+}
+
+/* Runs fiber i up to its next scheduling point (or its end). */
+void run_fiber(int i) {
+    current = i;
+    threadIdx = fibers[i].tid;
+    if (_setjmp(scheduler)) return;
+    if (fibers[i].started) _longjmp(fibers[i].resume, 1);
+    fibers[i].started = true;
+    swapcontext(&scheduler_context, &fibers[i].start);
 }
 
 /* Runs the n fibers of one block to the end. */
@@ -63,14 +79,10 @@ void run_block(int n) {
         makecontext(&f.start, fiber_main, 0);
     }
     for (;;) {
-        for (int i = 0; i < n; i++) {  /* every runnable fiber up to its next scheduling point */
-            if (fibers[i].state != RUNNABLE) continue;
-            current = i;
-            threadIdx = fibers[i].tid;
-            if (_setjmp(scheduler)) continue;
-            if (fibers[i].started) _longjmp(fibers[i].resume, 1);
-            fibers[i].started = true;
-            swapcontext(&scheduler_context, &fibers[i].start);
+        int reverse = passes++ % 2;  /* alternate the order, so a missing barrier cannot hide behind one */
+        for (int k = 0; k < n; k++) {  /* every runnable fiber up to its next scheduling point */
+            int i = reverse ? n - 1 - k : k;
+            if (fibers[i].state == RUNNABLE) run_fiber(i);
         }
         int alive = 0, at_sync = 0, released = 0;
         for (int i = 0; i < n; i++) {
@@ -90,7 +102,12 @@ void run_block(int n) {
             }
         }
         if (released) continue;
-        if (at_sync == alive) {  /* every live thread at __syncthreads */
+        if (at_sync == alive && alive < n) {
+            fprintf(stderr, "cuda_emu: __syncthreads in block (%u, %u, %u) reached by %d threads; the other %d "
+                    "returned before it\n", blockIdx.x, blockIdx.y, blockIdx.z, alive, n - alive);
+            abort();
+        }
+        if (at_sync == alive) {  /* every thread at __syncthreads */
             for (int i = 0; i < n; i++) if (fibers[i].state == AT_SYNCTHREADS) fibers[i].state = RUNNABLE;
             continue;
         }
@@ -102,6 +119,11 @@ void run_block(int n) {
 }  // namespace
 
 void *emu_dynamic_shared(void) { return dynamic_shared.data(); }
+
+EmuShared::EmuShared(void *p, size_t bytes) {
+    static_shared.push_back({p, bytes});
+    memset(p, 0xff, bytes);  /* NaN until written, in this block and (see emu_run) every later one */
+}
 
 void __syncthreads(void) { wait_at(AT_SYNCTHREADS); }
 
@@ -138,6 +160,7 @@ void emu_run(const std::function<void()> &body, dim3 grid, dim3 block, size_t sm
             for (unsigned x = 0; x < grid.x; x++) {
                 blockIdx = dim3(x, y, z);
                 dynamic_shared.assign(smem + 16, (char)0xff);  /* NaN until written */
+                for (auto &array : static_shared) memset(array.first, 0xff, array.second);
                 for (int w = 0; w < MAX_THREADS / 32; w++)
                     for (int l = 0; l < 32; l++) lanes[w][l] = NAN;
                 run_block(n);
@@ -162,7 +185,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int) {
 cudaError_t cudaMalloc(void **p, size_t n) {
     *p = malloc(n ? n : 1);
     if (!*p) return cudaErrorMemoryAllocation;
-    memset(*p, 0xA5, n);  /* garbage, as cudaMalloc gives */
+    memset(*p, 0xff, n);  /* garbage, as cudaMalloc gives: NaN as floats */
     return cudaSuccess;
 }
 cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }

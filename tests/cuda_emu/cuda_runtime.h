@@ -8,7 +8,8 @@
  * or a warp shuffle, the scheduling points: __syncthreads releases when every
  * live thread of the block waits there, a shuffle when every live lane of
  * the warp does. Anything else (a barrier some threads never reach) is
- * reported as a deadlock. Device memory is host memory. */
+ * reported. Each pass over a block's fibers runs them in the opposite order
+ * of the pass before. Device memory is host memory. */
 #ifndef CUDA_EMU_RUNTIME_H
 #define CUDA_EMU_RUNTIME_H
 
@@ -36,6 +37,10 @@ template <class F, class G, class B>
 void emu_launch(F body, G grid, B block, size_t smem = 0) { emu_run(body, dim3(grid), dim3(block), smem); }
 /* extern __shared__ arrays become this block's dynamic shared memory. */
 void *emu_dynamic_shared(void);
+/* Other __shared__ arrays become function statics (blocks run one at a
+ * time), each registered here so every block starts with them NaN. */
+struct EmuShared { EmuShared(void *p, size_t bytes); };
+#define EMU_SHARED(array) static EmuShared emu_shared_##array(array, sizeof(array))
 
 void __syncthreads(void);
 float emu_shuffle(float v, int mode, int arg);  /* mode 0: xor, 1: down, 2: from lane */
