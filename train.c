@@ -509,6 +509,7 @@ typedef struct {
     ModuleWork work;
     FitBatch batch;
     Model model;
+    int with_kl;         /* the student below is there */
     Document student_doc;
     RunStateCuda student;
 } GpuFit;
@@ -527,6 +528,7 @@ static void gpu_fit_start(GpuFit *g, const Model *model, const ModuleSet *ms, co
     fitbatch_alloc_cuda(&g->batch, ms, c->n_heads, B);
     model_upload_cuda(&g->model, model);
     g->student_doc = (Document){DOC_NECTAR, ms->n_doc, NULL, &g->ms};
+    g->with_kl = with_kl;
     if (with_kl) {
         runstate_alloc_cuda(&g->student, &g->model, &g->student_doc, max_len, max_len);
         runstate_enable_backward_cuda(&g->student, &g->model);
@@ -566,9 +568,9 @@ static void gpu_fit_download(const GpuFit *g, ModuleSet *ms, Adam *adam) {
     CUDA_CHECK(cudaMemcpy(adam->v, g->v, bytes, cudaMemcpyDeviceToHost));
 }
 
-static void gpu_fit_free(GpuFit *g, int with_kl) {
+static void gpu_fit_free(GpuFit *g) {
     CUDA_CHECK(cudaFree(g->m)); CUDA_CHECK(cudaFree(g->v));
-    if (with_kl) runstate_free_cuda(&g->student);
+    if (g->with_kl) runstate_free_cuda(&g->student);
     model_free_cuda(&g->model);
     fitbatch_free_cuda(&g->batch);
     modulework_free_cuda(&g->work);
@@ -835,7 +837,7 @@ int main(int argc, char **argv) {
 #ifdef NECTAR_CUDA
     if (o.gpu) {
         gpu_fit_download(&gpu, &ms, &adam);
-        gpu_fit_free(&gpu, o.lambda_kl > 0);
+        gpu_fit_free(&gpu);
     }
 #endif
     double fit_seconds = now_seconds() - t_fit;
