@@ -20,7 +20,10 @@ GPU_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=co
 ifneq ($(NVCC),)
 CUDA_HOME  := $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
 GPU_CFLAGS := -DNECTAR_CUDA -I$(CUDA_HOME)/include
-GPU_LIBS   := -L$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lpthread -lstdc++
+# cuBLAS is found at run time where it was at link time (the runpath), with
+# no LD_LIBRARY_PATH or ldconfig entry needed
+GPU_RPATH  := -Wl,-rpath,$(CUDA_HOME)/lib64
+GPU_LIBS   := -L$(CUDA_HOME)/lib64 $(GPU_RPATH) -lcublas -lcudart_static -ldl -lrt -lpthread -lstdc++
 endif
 
 SAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
@@ -121,7 +124,7 @@ build-gpu/benchmark: build-gpu/bench.o build-gpu/nectar.o nectar_cuda.o
 tests/test_cuda: tests/test_cuda.cu tests/check.h tests/test_cuda_ref.c nectar_cuda.o nectar.c nectar.h | check-blas
 	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -c tests/test_cuda_ref.c -o tests/test_cuda_ref.o
 	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) -c tests/test_cuda.cu -o tests/test_cuda.o
-	$(NVCC) -o $@ tests/test_cuda.o nectar_cuda.o tests/test_cuda_ref.o -lcublas $(BLAS_LIBS) -lm
+	$(NVCC) -o $@ tests/test_cuda.o nectar_cuda.o tests/test_cuda_ref.o -Xlinker -rpath,$(CUDA_HOME)/lib64 -lcublas $(BLAS_LIBS) -lm
 
 # A GPU is there when nvidia-smi lists one; the --gpu programs are then
 # checked against the CPU too.

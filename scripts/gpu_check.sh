@@ -6,32 +6,40 @@
 #   compute-sanitizer's memcheck and racecheck over tests/test_cuda.
 # Where pkg-config cannot find OpenBLAS, give its flags in the environment:
 #   BLAS_CFLAGS=-I... BLAS_LIBS="-L... -lopenblas" scripts/gpu_check.sh OUTDIR
+# GPU_CHECK_SECONDS (default 540) bounds the whole run: a step that hangs is
+# stopped at the deadline (exit 124) and the steps after it are skipped.
 set -u
 out=${1:?usage: scripts/gpu_check.sh OUTDIR}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 make_vars=()
 [ -n "${BLAS_LIBS:-}" ] && make_vars+=("BLAS_LIBS=$BLAS_LIBS" "BLAS_CFLAGS=${BLAS_CFLAGS:-}")
+deadline=$((SECONDS + ${GPU_CHECK_SECONDS:-540}))
 
-# step NAME CMD...: runs CMD into OUTDIR/NAME.log, notes its status, time and last lines
+# step NAME LIMIT CMD...: runs CMD into OUTDIR/NAME.log for at most LIMIT
+# seconds (and not past the deadline), notes its status, time and last lines
 step() {
-    local name=$1; shift
-    local t0=$SECONDS
-    "$@" > "$out/$name.log" 2>&1
+    local name=$1 limit=$2; shift 2
+    local left=$((deadline - SECONDS)) t0=$SECONDS
+    [ $limit -gt $left ] && limit=$left
+    if [ $limit -lt 10 ]; then echo "== $name: skipped, no time left" | tee -a "$out/summary.txt"; return 1; fi
+    timeout $limit "$@" > "$out/$name.log" 2>&1
     local rc=$?
     { echo "== $name (exit $rc, $((SECONDS - t0)) s): $*"; tail -n 4 "$out/$name.log" | sed 's/^/   /'; } | tee -a "$out/summary.txt"
     return $rc
 }
 
 nvidia-smi > "$out/nvidia-smi.log" 2>&1
-step info make "${make_vars[@]}" info
-step build make -j"$(nproc)" "${make_vars[@]}" all gpu tests/test_cuda || exit 1
-step test-cuda ./tests/test_cuda
-step gpu-programs bash tests/test_gpu_programs.sh build-gpu
-step bench-gpu ./build-gpu/benchmark -m data/model.bin --gpu --max-doc 131072
+step info 30 make "${make_vars[@]}" info
+step build 300 make -j"$(nproc)" "${make_vars[@]}" all gpu tests/test_cuda || exit 1
+step test-cuda 300 ./tests/test_cuda
+step gpu-programs 300 bash tests/test_gpu_programs.sh build-gpu
+step bench-gpu 300 ./build-gpu/benchmark -m data/model.bin --gpu --max-doc 131072
 # last, as they may not finish in time: CUDA's checkers of memory accesses
-# and shared-memory races over the kernel tests (slow: 3 minutes each at most)
+# and shared-memory races over the kernel tests, memcheck in half of the
+# time left and racecheck in the rest, 3 minutes each at most
 if command -v compute-sanitizer > /dev/null; then
-    step memcheck timeout 180 compute-sanitizer --tool memcheck ./tests/test_cuda
-    step racecheck timeout 180 compute-sanitizer --tool racecheck ./tests/test_cuda
+    step memcheck $(((deadline - SECONDS) / 2 < 180 ? (deadline - SECONDS) / 2 : 180)) \
+        compute-sanitizer --tool memcheck ./tests/test_cuda
+    step racecheck 180 compute-sanitizer --tool racecheck ./tests/test_cuda
 fi
