@@ -124,7 +124,7 @@ build-gpu/benchmark: build-gpu/bench.o build-gpu/nectar.o nectar_cuda.o
 tests/test_cuda: tests/test_cuda.cu tests/check.h tests/test_cuda_ref.c nectar_cuda.o nectar.c nectar.h | check-blas
 	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -c tests/test_cuda_ref.c -o tests/test_cuda_ref.o
 	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) -c tests/test_cuda.cu -o tests/test_cuda.o
-	$(NVCC) -o $@ tests/test_cuda.o nectar_cuda.o tests/test_cuda_ref.o -Xlinker -rpath,$(CUDA_HOME)/lib64 -lcublas $(BLAS_LIBS) -lm
+	$(CC) -o $@ tests/test_cuda.o nectar_cuda.o tests/test_cuda_ref.o $(BLAS_LIBS) $(GPU_LIBS) $(LDLIBS)
 
 # A GPU is there when nvidia-smi lists one; the --gpu programs are then
 # checked against the CPU too.

@@ -9,8 +9,7 @@
 # GPU_CHECK_SECONDS (default 540) bounds the whole run: a step that hangs is
 # stopped at the deadline (exit 124) and the steps after it are skipped.
 set -u
-out=${1:?usage: scripts/gpu_check.sh OUTDIR}
-mkdir -p "$out"
+out=$(mkdir -p "${1:?usage: scripts/gpu_check.sh OUTDIR}" && cd "$1" && pwd) || exit 1
 cd "$(dirname "$0")/.."
 make_vars=()
 [ -n "${BLAS_LIBS:-}" ] && make_vars+=("BLAS_LIBS=$BLAS_LIBS" "BLAS_CFLAGS=${BLAS_CFLAGS:-}")
@@ -32,14 +31,18 @@ step() {
 nvidia-smi > "$out/nvidia-smi.log" 2>&1
 step info 30 make "${make_vars[@]}" info
 step build 300 make -j"$(nproc)" "${make_vars[@]}" all gpu tests/test_cuda || exit 1
-step test-cuda 300 ./tests/test_cuda
+step test-cuda 300 env NECTAR_REQUIRE_GPU=1 ./tests/test_cuda  # no device is a failure here
 step gpu-programs 300 bash tests/test_gpu_programs.sh build-gpu
 step bench-gpu 300 ./build-gpu/benchmark -m data/model.bin --gpu --max-doc 131072
 # last, as they may not finish in time: CUDA's checkers of memory accesses
 # and shared-memory races over the kernel tests, memcheck in half of the
-# time left and racecheck in the rest, 3 minutes each at most
-if command -v compute-sanitizer > /dev/null; then
+# time left and racecheck in the rest, 3 minutes each at most; a finding
+# exits 99
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+if [ -x "$sanitizer" ]; then
     step memcheck $(((deadline - SECONDS) / 2 < 180 ? (deadline - SECONDS) / 2 : 180)) \
-        compute-sanitizer --tool memcheck ./tests/test_cuda
-    step racecheck 180 compute-sanitizer --tool racecheck ./tests/test_cuda
+        "$sanitizer" --tool memcheck --error-exitcode 99 ./tests/test_cuda
+    step racecheck 180 "$sanitizer" --tool racecheck --error-exitcode 99 ./tests/test_cuda
+else
+    echo "== memcheck, racecheck: skipped, compute-sanitizer not found" | tee -a "$out/summary.txt"
 fi
