@@ -220,7 +220,12 @@ const char *cublasGetStatusString(cublasStatus_t status) {
 }
 
 /* C = alpha op(A) op(B) + beta C, column-major; cuBLAS's checks of the
- * leading dimensions; beta 0 never reads C (it may hold NaN). */
+ * leading dimensions; beta 0 never reads C (it may hold NaN). cuBLAS adds
+ * the k terms of each entry in an order of its own (splitting k among
+ * threads or blocks); here too the order is not the CPU's: the first k / 2
+ * terms and the rest are two OpenBLAS products added into C, so products
+ * differ from the CPU's by rounding, as on a GPU, and the tests' tolerances
+ * are exercised. */
 cublasStatus_t cublasSgemm(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
                            const float *alpha, const float *A, int lda, const float *B, int ldb,
                            const float *beta, float *C, int ldc) {
@@ -233,9 +238,14 @@ cublasStatus_t cublasSgemm(cublasHandle_t, cublasOperation_t ta, cublasOperation
     if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
     for (int j = 0; j < n; j++)
         for (int i = 0; i < m; i++) C[(size_t)j * ldc + i] = *beta == 0.0f ? 0.0f : *beta * C[(size_t)j * ldc + i];
-    if (k > 0)
-        cblas_sgemm(CblasColMajor, ta == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
-                    tb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, m, n, k, *alpha, A, lda, B, ldb, 1.0f, C, ldc);
+    int half = k / 2;  /* op(A) columns and op(B) rows [0, half), then [half, k) */
+    const float *A_rest = ta == CUBLAS_OP_N ? A + (size_t)half * lda : A + half;
+    const float *B_rest = tb == CUBLAS_OP_N ? B + half : B + (size_t)half * ldb;
+    CBLAS_TRANSPOSE op_A = ta == CUBLAS_OP_N ? CblasNoTrans : CblasTrans;
+    CBLAS_TRANSPOSE op_B = tb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans;
+    if (half > 0) cblas_sgemm(CblasColMajor, op_A, op_B, m, n, half, *alpha, A, lda, B, ldb, 1.0f, C, ldc);
+    if (k - half > 0)
+        cblas_sgemm(CblasColMajor, op_A, op_B, m, n, k - half, *alpha, A_rest, lda, B_rest, ldb, 1.0f, C, ldc);
     return CUBLAS_STATUS_SUCCESS;
 }
 
