@@ -49,6 +49,15 @@ static int mlp_width(const Config *c, int n, float rho) {
     return mlp_width_for_budget(d, (long)(rho * 2.0 * n * d), 1, 1, 1);
 }
 
+/* A benchmark document of n tokens: BOS, then ids spread over 3..258 (the
+ * values do not change the timing). Caller frees. */
+static int *bench_document(int n) {
+    int *ids = xmalloc(n * sizeof(int));
+    ids[0] = 1;
+    for (int i = 1; i < n; i++) ids[i] = 3 + (int)((i * 2654435761u) % 256u);
+    return ids;
+}
+
 /* MLP modules (1,1,1) of the width rho allows for a document of n tokens in
  * every layer (the values do not change the timing); exits when n is too
  * short for rho (moduleset_alloc says so). */
@@ -311,10 +320,10 @@ static int bench_gpu(const Model *host, const char *model_path, int min_doc, int
     double ttft, tps;
     /* warm-up: kernels loaded and cuBLAS ready for every shape the table
      * times, so its first row pays for none of it */
-    int warm_ids[2 * BLOCK];
-    for (int i = 0; i < 2 * BLOCK; i++) warm_ids[i] = i == 0 ? 1 : 3 + i % 256;
+    int *warm_ids = bench_document(2 * BLOCK);
     DocCache warm;
     if (doccache_build_cuda(&warm, &m, warm_ids, 2 * BLOCK, BLOCK) != 0) return 1;
+    free(warm_ids);
     Document warm_doc = {DOC_EXACT, 2 * BLOCK, &warm, NULL};
     gpu_generate(&m, &warm_doc, &ttft, &tps);
     gpu_generate(&m, &none, &ttft, &tps);
@@ -332,9 +341,7 @@ static int bench_gpu(const Model *host, const char *model_path, int min_doc, int
     printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
     int longest = min_doc;
     for (int n = min_doc; n <= max_doc; n *= 2) {
-        int *doc_ids = xmalloc(n * sizeof(int));
-        doc_ids[0] = 1;
-        for (int i = 1; i < n; i++) doc_ids[i] = 3 + (int)((i * 2654435761u) % 256u);
+        int *doc_ids = bench_document(n);
         fprintf(stderr, "GPU, document of %d tokens ... (%.0fs so far)\n", n, now_seconds() - t_start);
         DocCache cache;
         double t0 = now_seconds();
@@ -482,9 +489,7 @@ int main(int argc, char **argv) {
     Measure full = {0}, reused = {0}, n10 = {0};  /* kept from the longest document */
     int longest = min_doc;
     for (int n = min_doc; n <= max_doc; n *= 2) {
-        int *doc_ids = xmalloc(n * sizeof(int));
-        doc_ids[0] = 1;
-        for (int i = 1; i < n; i++) doc_ids[i] = 3 + (int)((i * 2654435761u) % 256u);
+        int *doc_ids = bench_document(n);
         fprintf(stderr, "document of %d tokens ... (%.0fs so far)\n", n, now_seconds() - t_start);
         full = measure(&m, RUN_FULL_PREFILL, doc_ids, n, 0);
         reused = measure(&m, RUN_REUSED_CACHE, doc_ids, n, 0);
