@@ -190,7 +190,7 @@ test-unit: $(TESTS)
 test-train: $(PROGRAMS) tests/random_model
 	bash tests/test_train.sh
 
-test-bad-input: $(PROGRAMS)
+test-bad-input: $(PROGRAMS) tests/random_model
 	bash tests/test_bad_input.sh .
 
 test-asan: build-asan/infer build-asan/train build-asan/test_core tests/random_model

@@ -22,7 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-enum { PROMPT = 16, DECODE = 32, BLOCK = 256 };
+enum { PROMPT = 16, DECODE = 32, BLOCK = 256, MAX_DOC = 1 << 24 };
 
 typedef enum { RUN_FULL_PREFILL, RUN_REUSED_CACHE, RUN_NECTAR, RUN_NO_DOC } RunKind;
 
@@ -72,7 +72,7 @@ static void bench_modules(const Config *c, int n, float rho, int with_grads, Mod
     free(widths);
 }
 
-/* One configuration, in the child. */
+/* One configuration, in the child (which exits 1 after forward's sentence). */
 static Measure run_config(const Model *m, RunKind kind, const int *doc_ids, int n, float rho) {
     const Config *c = &m->config;
     Measure r = {0};
@@ -83,7 +83,7 @@ static Measure run_config(const Model *m, RunKind kind, const int *doc_ids, int 
     Document doc = {DOC_EXACT, 0, NULL, NULL};
     double t0 = now_seconds();
     if (kind == RUN_FULL_PREFILL) {
-        doccache_build(&cache, m, doc_ids, n, BLOCK);
+        if (doccache_build(&cache, m, doc_ids, n, BLOCK) != 0) _exit(1);
     } else if (kind == RUN_REUSED_CACHE) {
         /* a cache kept from an earlier request: only attending to it is timed,
          * so its values are filled in rather than computed by a prefill */
@@ -107,12 +107,13 @@ static Measure run_config(const Model *m, RunKind kind, const int *doc_ids, int 
     if (kind != RUN_FULL_PREFILL) t0 = now_seconds();  /* a reused cache is already there */
     RunState s;
     runstate_alloc(&s, m, &doc, PROMPT, PROMPT + DECODE);
-    forward(m, &s, &doc, prompt, PROMPT, 0, LOGITS_LAST);
+    if (forward(m, &s, &doc, prompt, PROMPT, 0, LOGITS_LAST) != 0) _exit(1);
     double t1 = now_seconds();
     r.ttft_ms = (t1 - t0) * 1e3;
     if (kind == RUN_FULL_PREFILL)
         r.prefill_gflops = (forward_flops(c, n, 0, 0) + forward_flops(c, PROMPT, n, 1)) / (t1 - t0) / 1e9;
-    for (int i = 0; i < DECODE; i++) forward(m, &s, &doc, &prompt[PROMPT + i], 1, PROMPT + i, LOGITS_LAST);
+    for (int i = 0; i < DECODE; i++)
+        if (forward(m, &s, &doc, &prompt[PROMPT + i], 1, PROMPT + i, LOGITS_LAST) != 0) _exit(1);
     r.decode_tps = DECODE / (now_seconds() - t1);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
@@ -234,7 +235,7 @@ static double fit_steps_per_s(const Config *c, int n, float rho, int batch, int 
             CUDA_CHECK(cudaMemset(ms_d.grads, 0, ms.n_params * sizeof(float)));
             regression_grads_cuda(&ms_d, &w, &b, &t_d, H, 0.1f, 1.0f);
             clip_grad_norm_cuda(ms_d.grads, ms.n_params, 1.0);
-            adamw_update_cuda(ms_d.params, ms_d.grads, m_d, v_d, ms.n_params, ++steps, 1e-3f, 0.01f);
+            adamw_update_cuda(ms_d.params, ms_d.grads, m_d, v_d, ms.n_params, ++steps, 1e-3f, 0.01f, ADAM_BETA2);
             elapsed = now_seconds() - t0;
         } while (elapsed < 1.0 || steps < 3);
         CUDA_CHECK(cudaDeviceSynchronize());  /* the last AdamW step */
@@ -255,7 +256,7 @@ static double fit_steps_per_s(const Config *c, int n, float rho, int batch, int 
             memset(ms.grads, 0, ms.n_params * sizeof(float));
             regression_grads(&ms, &w, &b, &t, H, 0.1f, 1.0f);
             clip_grad_norm(ms.grads, ms.n_params, 1.0);
-            adamw_update(ms.params, ms.grads, m, v, ms.n_params, ++steps, 1e-3f, 0.01f);
+            adamw_update(ms.params, ms.grads, m, v, ms.n_params, ++steps, 1e-3f, 0.01f, ADAM_BETA2);
             elapsed = now_seconds() - t0;
         } while (elapsed < 1.0 || steps < 3);
         modulework_free(&w);
@@ -270,16 +271,18 @@ static double fit_steps_per_s(const Config *c, int n, float rho, int batch, int 
  * the wall clock; every forward_cuda ends in a copy of the logits back, so
  * the GPU's work is done when the clock stops. */
 
-/* TTFT of the prompt and decode tokens per second after it. */
+/* TTFT of the prompt and decode tokens per second after it; exits 1 after
+ * forward_cuda's sentence. */
 static void gpu_generate(const Model *m, const Document *doc, double *ttft_ms, double *decode_tps) {
     int prompt[PROMPT + DECODE];
     for (int i = 0; i < PROMPT + DECODE; i++) prompt[i] = 3 + (i * 37) % 250;
     RunStateCuda s;
     runstate_alloc_cuda(&s, m, doc, PROMPT, PROMPT + DECODE);
     double t0 = now_seconds();
-    forward_cuda(m, &s, doc, prompt, PROMPT, 0, LOGITS_LAST);
+    if (forward_cuda(m, &s, doc, prompt, PROMPT, 0, LOGITS_LAST) != 0) exit(1);
     double t1 = now_seconds();
-    for (int i = 0; i < DECODE; i++) forward_cuda(m, &s, doc, &prompt[PROMPT + i], 1, PROMPT + i, LOGITS_LAST);
+    for (int i = 0; i < DECODE; i++)
+        if (forward_cuda(m, &s, doc, &prompt[PROMPT + i], 1, PROMPT + i, LOGITS_LAST) != 0) exit(1);
     *ttft_ms = (t1 - t0) * 1e3;
     *decode_tps = DECODE / (now_seconds() - t1);
     runstate_free_cuda(&s);
@@ -423,18 +426,35 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); return 0; }
         if (!strcmp(argv[i], "--gpu")) { gpu = 1; continue; }
-        if (i + 1 >= argc) { fprintf(stderr, "error: %s needs a value (see --help)\n", argv[i]); return 1; }
-        if (!strcmp(argv[i], "-m")) model_path = argv[++i];
-        else if (!strcmp(argv[i], "--max-doc")) max_doc = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--min-doc")) min_doc = atoi(argv[++i]);
-        else { fprintf(stderr, "error: unknown option '%s' (see --help)\n", argv[i]); return 1; }
+        if (i + 1 >= argc) { report_last_option(argv[i], " -m --max-doc --min-doc "); return 1; }
+        const char *a = argv[i], *v = argv[++i];
+        int bad = 0;
+        if (!strcmp(a, "-m")) model_path = v;
+        else if (!strcmp(a, "--max-doc")) bad = parse_int_option(a, v, &max_doc);
+        else if (!strcmp(a, "--min-doc")) bad = parse_int_option(a, v, &min_doc);
+        else { fprintf(stderr, "error: unknown option '%s' (see --help)\n", a); return 1; }
+        if (bad) return 1;
     }
-    if (!model_path || min_doc < 1 || max_doc < min_doc) {
-        fprintf(stderr, "error: need -m MODEL and 1 <= --min-doc <= --max-doc\n");
+    if (!model_path || min_doc < 1 || max_doc < min_doc || max_doc > MAX_DOC) {
+        fprintf(stderr, "error: need -m MODEL and 1 <= --min-doc <= --max-doc <= %d\n", MAX_DOC);
         return 1;
     }
     Model m;
     if (model_load(&m, model_path) != 0) return 1;
+    if (m.config.vocab_size < 259) {  /* bench_document's ids */
+        fprintf(stderr, "error: the benchmark's tokens are ids up to 258, but %s has a vocabulary of %d\n",
+                model_path, m.config.vocab_size);
+        model_free(&m);
+        return 1;
+    }
+    int shortest = 1;  /* the shortest document a module at rho 2%, the table's smallest, fits */
+    while (shortest < MAX_DOC && mlp_width(&m.config, shortest, 0.02f) < 1) shortest++;
+    if (min_doc < shortest) {
+        fprintf(stderr, "error: --min-doc %d is too short for a module at rho 2%% of %s; use at least %d\n",
+                min_doc, model_path, shortest);
+        model_free(&m);
+        return 1;
+    }
     if (gpu) {
 #ifdef NECTAR_CUDA
         int status = bench_gpu(&m, model_path, min_doc, max_doc);
@@ -460,7 +480,7 @@ int main(int argc, char **argv) {
     runstate_alloc(&block_state, &m, &none, BLOCK, BLOCK);
     int *block = xmalloc(BLOCK * sizeof(int));
     for (int i = 0; i < BLOCK; i++) block[i] = 3 + (i * 17) % 250;
-    forward(&m, &block_state, &none, block, BLOCK, 0, LOGITS_LAST);  /* warm-up */
+    if (forward(&m, &block_state, &none, block, BLOCK, 0, LOGITS_LAST) != 0) return 1;  /* warm-up */
     int n_blocks = 0;
     double t_blocks = now_seconds();
     while (now_seconds() - t_blocks < 0.5 || n_blocks < 4) {

@@ -110,7 +110,7 @@ static int generate(const Model *m, const Document *doc, int gpu, const int *pro
     double t_first = now_seconds();
     int prev = prompt[n_prompt - 1], generated = 0;
     for (int i = 0; i < steps; i++) {
-        int next = sample(sampler, (float *)last, V);
+        int next = sample(sampler, last, V);
         if (next == 1) break;  /* BOS delimits sequences, as in llama2.c */
         generated++;
         if (print_ids || !tok) printf("%s%d", i ? " " : "", next);
@@ -156,7 +156,7 @@ int main(int argc, char **argv) {
             return 1;
         }
         const char *v = argv[++i];
-        char *end = NULL;
+        int bad = 0;
         switch (a[1]) {
         case 'm': model_path = v; break;
         case 'z': tok_path = v; break;
@@ -165,18 +165,15 @@ int main(int argc, char **argv) {
         case 'k': module_path = v; break;
         case 'i': prompt_text = v; break;
         case 'I': prompt_ids_path = v; break;
-        case 'n': n_gen = (int)strtol(v, &end, 10); break;
-        case 't': temperature = strtof(v, &end); break;
-        case 'p': topp = strtof(v, &end); break;
-        case 's': seed = strtoull(v, &end, 10); break;
+        case 'n': bad = parse_int_option(a, v, &n_gen); break;
+        case 't': bad = parse_float_option(a, v, &temperature); break;
+        case 'p': bad = parse_float_option(a, v, &topp); break;
+        case 's': bad = parse_seed_option(a, v, &seed); break;
         default:
             fprintf(stderr, "error: unknown option '%s' (see --help)\n", a);
             return 1;
         }
-        if (end && *end) {
-            fprintf(stderr, "error: option %s expects a number, got '%s'\n", a, v);
-            return 1;
-        }
+        if (bad) return 1;
     }
     if (n_gen < 0 || temperature < 0.0f || topp < 0.0f || topp > 1.0f) {
         fprintf(stderr, "error: need -n >= 0, -t >= 0 and -p in [0, 1]\n");
@@ -184,6 +181,10 @@ int main(int argc, char **argv) {
     }
     if ((eval || compare) && !(module_path && (doc_text_path || doc_ids_path))) {
         fprintf(stderr, "error: --eval and --compare need the module (-k) and its document (-d/-D)\n");
+        return 1;
+    }
+    if (json && !eval) {
+        fprintf(stderr, "error: --json is the output of --eval; add --eval or drop --json\n");
         return 1;
     }
     if (gpu && eval) {

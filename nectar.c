@@ -36,6 +36,48 @@ double now_seconds(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+int parse_int_option(const char *option, const char *text, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (end == text || *end || errno == ERANGE || v < INT_MIN || v > INT_MAX) {
+        fprintf(stderr, "error: option %s expects an integer, got '%s'\n", option, text);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+int parse_float_option(const char *option, const char *text, float *out) {
+    char *end;
+    float v = strtof(text, &end);
+    if (end == text || *end || !isfinite(v)) {
+        fprintf(stderr, "error: option %s expects a finite number, got '%s'\n", option, text);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int parse_seed_option(const char *option, const char *text, unsigned long long *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (end == text || *end || errno == ERANGE || strchr(text, '-')) {
+        fprintf(stderr, "error: option %s expects a seed (an integer >= 0), got '%s'\n", option, text);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+void report_last_option(const char *option, const char *value_options) {
+    char word[64];
+    snprintf(word, sizeof word, " %s ", option);
+    fprintf(stderr, "error: option %s %s (see --help)\n", option,
+            strstr(value_options, word) ? "needs a value" : "is unknown");
+}
+
 void copy_rows(float *dst, int ld_dst, const float *src, int ld_src, int rows, int width) {
     for (int r = 0; r < rows; r++)
         memcpy(dst + (size_t)r * ld_dst, src + (size_t)r * ld_src, (size_t)width * sizeof(float));
@@ -117,7 +159,15 @@ static unsigned char *read_file(const char *path, size_t *size) {
 
 char *read_text_file(const char *path) {
     size_t size;
-    return (char *)read_file(path, &size);
+    char *text = (char *)read_file(path, &size);
+    if (!text) return NULL;
+    size_t nul = strlen(text);
+    if (nul < size) {  /* C strings would end there, silently */
+        fprintf(stderr, "error: %s is not a text file (a NUL byte at offset %zu)\n", path, nul);
+        free(text);
+        return NULL;
+    }
+    return text;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -527,14 +577,13 @@ void modulework_shape(ModuleWork *w, const ModuleSet *s, int max_q) {
 void modulework_alloc(ModuleWork *w, const ModuleSet *s, int max_q) {
     modulework_shape(w, s, max_q);
     size_t N = max_q, d = s->head_size, hidden = (size_t)w->n_hidden * N * w->max_width;
-    size_t wide = w->max_pairs > w->max_width ? w->max_pairs : w->max_width;
     w->x = xmalloc(N * d * sizeof(float));
     w->dx = xmalloc(N * d * sizeof(float));
     w->pre = xmalloc(hidden * sizeof(float));
     w->hid = xmalloc(hidden * sizeof(float));
     w->dhid = xmalloc(hidden * sizeof(float));
     w->probs = xmalloc(N * w->max_pairs * sizeof(float));
-    w->tmp = xmalloc(N * wide * sizeof(float));
+    w->tmp = xmalloc(N * w->max_pairs * sizeof(float));
 }
 
 void modulework_free(ModuleWork *w) {
@@ -747,8 +796,9 @@ double clip_grad_norm(float *grads, size_t n, double max_norm) {
     return norm;
 }
 
-void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, int step, float lr, float wd) {
-    const float b1 = ADAM_BETA1, b2 = ADAM_BETA2, eps = ADAM_EPS;
+void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, int step, float lr, float wd,
+                  float beta2) {
+    const float b1 = ADAM_BETA1, b2 = beta2, eps = ADAM_EPS;
     float c1 = 1.0f - powf(b1, step), c2 = 1.0f - powf(b2, step);
     for (size_t i = 0; i < n; i++) {
         float g = grads[i];
@@ -1448,13 +1498,15 @@ int evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const Pro
         r->n_prompts++;
         forward(m, &sf, &full, prompt, len, 0, LOGITS_ALL);
         forward(m, &sn, &nectar, prompt, len, 0, LOGITS_ALL);
-        with_bos[0] = 1;  /* without the document the prompt starts a sequence */
-        memcpy(with_bos + 1, prompt, len * sizeof(int));
-        forward(m, &s0, &none, with_bos, len + 1, 0, LOGITS_ALL);
+        /* without the document the prompt starts a sequence: BOS first, unless it has one */
+        int bos = prompt[0] != 1;
+        with_bos[0] = 1;
+        memcpy(with_bos + bos, prompt, len * sizeof(int));
+        forward(m, &s0, &none, with_bos, len + bos, 0, LOGITS_ALL);
         /* next-token predictions at positions 0 .. len-2 */
         for (int t = 0; t + 1 < len; t++) {
             const float *lf = sf.logits + (size_t)t * V, *ln = sn.logits + (size_t)t * V;
-            const float *l0 = s0.logits + (size_t)(t + 1) * V;
+            const float *l0 = s0.logits + (size_t)(t + bos) * V;
             int top_full = argmax(lf, V), top_nectar = argmax(ln, V), top_nodoc = argmax(l0, V);
             int truth = prompt[t + 1];
             hits_full += top_full == truth;
@@ -1576,7 +1628,7 @@ static int compare_candidates(const void *a, const void *b) {
     return (pa < pb) - (pa > pb);  /* descending */
 }
 
-int sample(Sampler *s, float *logits, int n) {
+int sample(Sampler *s, const float *logits, int n) {
     if (s->temperature == 0.0f) return argmax(logits, n);
     /* p = softmax(logits / temperature) */
     float max = logits[argmax(logits, n)], sum = 0.0f;

@@ -99,7 +99,8 @@ const char *tokenizer_decode(const Tokenizer *t, int prev_token, int token);
 int  read_token_ids(const char *path, int **ids);
 /* Writes n_parts buffers to path atomically: a temporary file, then rename. */
 int write_file_atomic(const char *path, const void *const *parts, const size_t *sizes, int n_parts);
-/* A whole text file, NUL-terminated, malloc'd; NULL after a sentence. */
+/* A whole text file, NUL-terminated, malloc'd; NULL after a sentence (also
+ * for a file with a NUL byte in it). */
 char *read_text_file(const char *path);
 
 /* ------------------------------------------------------------------------ */
@@ -210,7 +211,7 @@ typedef struct {
     float *dhid;    /* (n_hidden, N, w) gradient scratch */
     float *dx;      /* (N, d) */
     float *probs;   /* (N, p) quadrature softmax */
-    float *tmp;     /* (N, max(p, w)) */
+    float *tmp;     /* (N, p) quadrature backward scratch */
 } ModuleWork;
 
 /* Sets the counts (max_q, widest module, most pairs, hidden layers) only. */
@@ -270,14 +271,16 @@ double regression_grads(ModuleSet *s, ModuleWork *w, FitBatch *b, const FitTarge
 /* Scales grads (n) down to norm max_norm when their norm is larger; returns
  * the norm before. */
 double clip_grad_norm(float *grads, size_t n, double max_norm);
-/* AdamW's constants, shared by the CPU and the GPU */
+/* AdamW's constants, shared by the CPU and the GPU (module fitting uses
+ * beta2 ADAM_BETA2; pretraining 0.95) */
 #define ADAM_BETA1 0.9f
 #define ADAM_BETA2 0.999f
 #define ADAM_EPS   1e-8f
 /* One AdamW step; `step` counts from 1:
  *   m = b1 m + (1 - b1) g,  v = b2 v + (1 - b2) g^2,
  *   theta -= lr ((m / c1) / (sqrt(v / c2) + eps) + wd theta),  c_i = 1 - b_i^step */
-void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, int step, float lr, float wd);
+void adamw_update(float *params, const float *grads, float *m, float *v, size_t n, int step, float lr, float wd,
+                  float beta2);
 
 /* ------------------------------------------------------------------------ */
 /* Forward pass                                                             */
@@ -415,7 +418,7 @@ typedef struct {
 
 void sampler_init(Sampler *s, int vocab_size, float temperature, float topp, uint64_t seed);
 void sampler_free(Sampler *s);
-int  sample(Sampler *s, float *logits, int n);  /* modifies logits */
+int  sample(Sampler *s, const float *logits, int n);
 int  argmax(const float *x, int n);
 
 /* dst row r (stride ld_dst) = src row r (stride ld_src), `width` floats each:
@@ -426,6 +429,18 @@ uint64_t fnv1a(uint64_t h, const void *data, size_t n);
 uint32_t rng_u32(uint64_t *state);
 float    rng_uniform(uint64_t *state);   /* [0, 1) */
 float    rng_normal(uint64_t *state);
+
+/* Command-line numbers: all of `text` as an int within int's range, a finite
+ * float, or an unsigned 64-bit seed. Anything else (empty, trailing junk,
+ * overflow, nan, inf, a minus sign on a seed) gets "error: option OPTION
+ * expects ..., got 'TEXT'" and -1; the programs then check the ranges. */
+int parse_int_option(const char *option, const char *text, int *out);
+int parse_float_option(const char *option, const char *text, float *out);
+int parse_seed_option(const char *option, const char *text, unsigned long long *out);
+/* The sentence for an option that comes last without a value: "needs a value"
+ * when it is one of value_options (" -a --bee ... ", each between spaces),
+ * else "is unknown". */
+void report_last_option(const char *option, const char *value_options);
 
 /* What --gpu says in the CPU-only build. */
 #define NO_GPU_SUPPORT "this is the CPU-only build; --gpu is in build-gpu/ (make gpu, where nvcc is found)"

@@ -470,14 +470,13 @@ void moduleset_free_cuda(ModuleSet *dev) {
 void modulework_alloc_cuda(ModuleWork *w, const ModuleSet *s, int max_q) {
     modulework_shape(w, s, max_q);
     size_t N = max_q, d = s->head_size, hidden = (size_t)w->n_hidden * N * w->max_width;
-    size_t wide = w->max_pairs > w->max_width ? w->max_pairs : w->max_width;
     w->x = (float *)cuda_xmalloc(N * d * sizeof(float));         /* (N, d) */
     w->dx = (float *)cuda_xmalloc(N * d * sizeof(float));        /* (N, d) */
     w->pre = (float *)cuda_xmalloc(hidden * sizeof(float));      /* (n_hidden, N, w) */
     w->hid = (float *)cuda_xmalloc(hidden * sizeof(float));      /* (n_hidden, N, w) */
     w->dhid = (float *)cuda_xmalloc(hidden * sizeof(float));     /* (n_hidden, N, w) */
     w->probs = (float *)cuda_xmalloc(N * w->max_pairs * sizeof(float));  /* (N, p) */
-    w->tmp = (float *)cuda_xmalloc(N * wide * sizeof(float));    /* (N, max(p, w)) */
+    w->tmp = (float *)cuda_xmalloc(N * w->max_pairs * sizeof(float));    /* (N, p) */
 }
 
 void modulework_free_cuda(ModuleWork *w) {
@@ -827,8 +826,8 @@ double clip_grad_norm_cuda(float *grads, size_t n, double max_norm) {
  *   m = b1 m + (1 - b1) g,  v = b2 v + (1 - b2) g^2,
  *   theta -= lr ((m / c1) / (sqrt(v / c2) + eps) + wd theta) */
 __global__ void adamw_kernel(float *params, const float *grads, float *m, float *v, size_t n,
-                             float c1, float c2, float lr, float wd) {
-    const float b1 = ADAM_BETA1, b2 = ADAM_BETA2, eps = ADAM_EPS;
+                             float c1, float c2, float lr, float wd, float b2) {
+    const float b1 = ADAM_BETA1, eps = ADAM_EPS;
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
     if (i >= n) return;
     float g = grads[i];
@@ -838,10 +837,10 @@ __global__ void adamw_kernel(float *params, const float *grads, float *m, float 
 }
 
 void adamw_update_cuda(float *params, const float *grads, float *m, float *v, size_t n, int step,
-                       float lr, float wd) {
+                       float lr, float wd, float beta2) {
     if (n == 0) return;
-    float c1 = 1.0f - powf(ADAM_BETA1, step), c2 = 1.0f - powf(ADAM_BETA2, step);
-    adamw_kernel<<<blocks_for(n, THREADS), THREADS>>>(params, grads, m, v, n, c1, c2, lr, wd);
+    float c1 = 1.0f - powf(ADAM_BETA1, step), c2 = 1.0f - powf(beta2, step);
+    adamw_kernel<<<blocks_for(n, THREADS), THREADS>>>(params, grads, m, v, n, c1, c2, lr, wd, beta2);
     CUDA_CHECK(cudaGetLastError());
 }
 

@@ -143,7 +143,7 @@ double regression_grads_cuda(ModuleSet *s, ModuleWork *w, FitBatch *b, const Fit
                              float lambda_alpha, float lambda_A);
 double clip_grad_norm_cuda(float *grads, size_t n, double max_norm);
 void   adamw_update_cuda(float *params, const float *grads, float *m, float *v, size_t n, int step,
-                         float lr, float wd);
+                         float lr, float wd, float beta2);
 
 /* ------------------------------------------------------------------------ */
 /* Forward and backward passes                                              */

@@ -32,6 +32,9 @@ typedef struct {
     unsigned long long seed;
 } Options;
 
+/* the options that take a value, for the message when one comes last */
+static const char VALUE_OPTIONS[] = " -o --eval --steps --batch --docs --lr --copy-start --copy-end -s ";
+
 static void usage(FILE *f) {
     fprintf(f,
         "usage: pretrain -o DIR [options]     train the default model into DIR\n"
@@ -150,10 +153,22 @@ static void init_weights(Model *m, uint64_t seed) {
     for (int i = 0; i < c->dim; i++) m->w.rms_final[i] = 1.0f;
 }
 
+/* Writes what `f` (an open_memstream of buf, size) holds to path, atomically. */
+static int write_memstream(FILE *f, char **buf, size_t *size, const char *path) {
+    int ok = fclose(f) == 0;
+    const void *part = *buf;
+    if (ok) ok = write_file_atomic(path, &part, size, 1) == 0;
+    else fprintf(stderr, "error: out of memory writing %s\n", path);
+    free(*buf);
+    return ok ? 0 : -1;
+}
+
 /* byte-level llama2.c tokenizer: <unk>, BOS, EOS, then <0x00>..<0xFF> */
 static int write_tokenizer(const char *path) {
-    FILE *f = fopen(path, "wb");
-    if (!f) { fprintf(stderr, "error: cannot write %s\n", path); return -1; }
+    char *buf;
+    size_t size;
+    FILE *f = open_memstream(&buf, &size);
+    if (!f) { fprintf(stderr, "error: out of memory writing %s\n", path); return -1; }
     int max_len = 6;
     fwrite(&max_len, sizeof(int), 1, f);
     for (int id = 0; id < 259; id++) {
@@ -168,8 +183,7 @@ static int write_tokenizer(const char *path) {
         fwrite(&len, sizeof(int), 1, f);
         fwrite(piece, 1, len, f);
     }
-    if (fclose(f) != 0) { fprintf(stderr, "error: writing %s failed\n", path); return -1; }
-    return 0;
+    return write_memstream(f, &buf, &size, path);
 }
 
 /* held-out documents come from their own stream, never the training one */
@@ -186,13 +200,14 @@ static int write_demo(const char *dir, const Options *o) {
     uint64_t rng = heldout_rng(o->seed, 0);
     int n = corpus_document(&rng, doc, sizeof doc);
     snprintf(path, sizeof path, "%s/doc.txt", dir);
-    FILE *f = fopen(path, "w");
-    if (!f) { fprintf(stderr, "error: cannot write %s\n", path); return -1; }
-    fwrite(doc, 1, n, f);
-    fclose(f);
+    const void *doc_part = doc;
+    size_t doc_size = n;
+    if (write_file_atomic(path, &doc_part, &doc_size, 1) != 0) return -1;
     snprintf(path, sizeof path, "%s/prompts.txt", dir);
-    f = fopen(path, "w");
-    if (!f) { fprintf(stderr, "error: cannot write %s\n", path); return -1; }
+    char *buf;
+    size_t size;
+    FILE *f = open_memstream(&buf, &size);
+    if (!f) { fprintf(stderr, "error: out of memory writing %s\n", path); return -1; }
     for (int attempt = 0; attempt < TRIES; attempt++) {
         int kind = attempt % 3, answer;
         if (kept[kind] == PER_KIND || corpus_task(&rng, doc, n, kind, task, sizeof task, &answer) < 0) continue;
@@ -206,8 +221,7 @@ static int write_demo(const char *dir, const Options *o) {
         for (char *c = task; *c; c++) fputs(*c == '\n' ? "\\n" : (char[2]){*c, 0}, f);
         fputc('\n', f);
     }
-    fclose(f);
-    return 0;
+    return write_memstream(f, &buf, &size, path);
 }
 
 static int pretrain(const Options *o) {
@@ -263,14 +277,8 @@ static int pretrain(const Options *o) {
         float lr = step < warmup ? o->lr * (step + 1) / warmup
                  : o->lr * (0.1f + 0.45f * (1.0f + cosf(3.14159265f * (step - warmup) / (o->steps - warmup))));
         /* Adam (no weight decay), beta2 0.95 as is usual for pretraining */
-        const float b1 = 0.9f, b2 = 0.95f, eps = 1e-8f;
-        float c1 = 1.0f - powf(b1, step + 1), c2 = 1.0f - powf(b2, step + 1);
-        for (size_t i = 0; i < m.n_params; i++) {
-            float gi = g[i] * clip;
-            adam_m[i] = b1 * adam_m[i] + (1 - b1) * gi;
-            adam_v[i] = b2 * adam_v[i] + (1 - b2) * gi * gi;
-            m.params[i] -= lr * ((adam_m[i] / c1) / (sqrtf(adam_v[i] / c2) + eps));
-        }
+        for (size_t i = 0; i < m.n_params; i++) g[i] *= clip;
+        adamw_update(m.params, g, adam_m, adam_v, m.n_params, step + 1, lr, 0.0f, 0.95f);
         loss /= weight_sum;
         smooth = step ? 0.98 * smooth + 0.02 * loss : loss;
         for (int k = 0; k < N_WORKERS; k++) tokens_seen += workers[k].tokens_done;
@@ -306,7 +314,7 @@ static int pretrain(const Options *o) {
 /* Teacher-forced top-1 over the answer bytes of a task, after the document
  * (doc_len > 0) or alone: adds the count of correct answer bytes and of
  * answer bytes, returns 1 if all are correct (then greedy decoding writes
- * the whole answer). */
+ * the whole answer), 0 if not, -1 if the model cannot run the tokens. */
 static int score_answer(const Model *m, RunState *s, const char *doc, int doc_len, const char *task, int len,
                         int answer_start, long *correct, long *total) {
     int V = m->config.vocab_size, all = 1, *tokens = xmalloc((doc_len + len + 3) * sizeof(int));
@@ -314,9 +322,10 @@ static int score_answer(const Model *m, RunState *s, const char *doc, int doc_le
     for (int i = 0; i < len; i++) flags[i] = i >= answer_start;
     int n = to_tokens(doc, doc_len, task, len, NULL, flags, tokens, answer) - 1;
     Document none = {DOC_EXACT, 0, NULL, NULL};
-    forward(m, s, &none, tokens, n, 0, LOGITS_ALL);
-    for (int t = 0; t < n; t++) {
-        if (answer[t] == 0) continue;
+    if (forward(m, s, &none, tokens, n, 0, LOGITS_ALL) != 0) all = -1;
+    for (int t = 0; t < n && all >= 0; t++) {
+        /* answer bytes only: the inserted spaces carry CORPUS_PROMPT_WEIGHT */
+        if (answer[t] != 1.0f) continue;
         int ok = argmax(s->logits + (size_t)t * V, V) == tokens[t + 1];
         *correct += ok;
         (*total)++;
@@ -332,6 +341,14 @@ static int evaluate_reading(const Options *o) {
     Model m;
     if (model_load(&m, path) != 0) return -1;
     int T = m.config.seq_len;
+    /* BOS, ' ', the longest document, ' ', '\n', the longest task */
+    if (m.config.vocab_size < 259 || T < CORPUS_DOC_MAX + CORPUS_TASK_MAX + 4) {
+        fprintf(stderr, "error: %s is not a byte-level model of this project (vocab %d, context %d; "
+                "--eval needs vocab >= 259 and context >= %d)\n", path, m.config.vocab_size, T,
+                CORPUS_DOC_MAX + CORPUS_TASK_MAX + 4);
+        model_free(&m);
+        return -1;
+    }
     Document none = {DOC_EXACT, 0, NULL, NULL};
     RunState s;
     runstate_alloc(&s, &m, &none, T, T);
@@ -344,13 +361,16 @@ static int evaluate_reading(const Options *o) {
         int n = corpus_document(&rng, doc, sizeof doc);
         for (int kind = 0; kind < 3; kind++) {
             int answer, len = corpus_task(&rng, doc, n, kind, task, sizeof task, &answer);
-            if (len < 0 || n + len + 3 > T) continue;
+            if (len < 0) continue;
             tasks[kind]++;
             /* "\n" task, after the document and alone */
             text[0] = '\n';
             memcpy(text + 1, task, len);
-            exact[kind][0] += score_answer(&m, &s, doc, n, text, len + 1, answer + 1, &correct[kind][0], &total[kind][0]);
-            exact[kind][1] += score_answer(&m, &s, NULL, 0, text, len + 1, answer + 1, &correct[kind][1], &total[kind][1]);
+            int with_doc = score_answer(&m, &s, doc, n, text, len + 1, answer + 1, &correct[kind][0], &total[kind][0]);
+            int without = score_answer(&m, &s, NULL, 0, text, len + 1, answer + 1, &correct[kind][1], &total[kind][1]);
+            if (with_doc < 0 || without < 0) { runstate_free(&s); model_free(&m); return -1; }
+            exact[kind][0] += with_doc;
+            exact[kind][1] += without;
         }
         if (i % 20 == 0 || i == o->eval_docs) {
             double el = now_seconds() - t0;
@@ -376,24 +396,26 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
-        if (i + 1 >= argc) { fprintf(stderr, "error: option %s needs a value (see --help)\n", a); return 1; }
+        if (i + 1 >= argc) { report_last_option(a, VALUE_OPTIONS); return 1; }
         const char *v = argv[++i];
-        char *end = NULL;
+        int bad = 0;
         if (!strcmp(a, "-o")) o.out_dir = v;
         else if (!strcmp(a, "--eval")) o.eval_dir = v;
-        else if (!strcmp(a, "--steps")) o.steps = (int)strtol(v, &end, 10);
-        else if (!strcmp(a, "--batch")) o.batch = (int)strtol(v, &end, 10);
-        else if (!strcmp(a, "--docs")) o.eval_docs = (int)strtol(v, &end, 10);
-        else if (!strcmp(a, "--lr")) o.lr = strtof(v, &end);
-        else if (!strcmp(a, "--copy-start")) o.p_copy_start = strtof(v, &end);
-        else if (!strcmp(a, "--copy-end")) o.p_copy_end = strtof(v, &end);
-        else if (!strcmp(a, "-s")) o.seed = strtoull(v, &end, 10);
+        else if (!strcmp(a, "--steps")) bad = parse_int_option(a, v, &o.steps);
+        else if (!strcmp(a, "--batch")) bad = parse_int_option(a, v, &o.batch);
+        else if (!strcmp(a, "--docs")) bad = parse_int_option(a, v, &o.eval_docs);
+        else if (!strcmp(a, "--lr")) bad = parse_float_option(a, v, &o.lr);
+        else if (!strcmp(a, "--copy-start")) bad = parse_float_option(a, v, &o.p_copy_start);
+        else if (!strcmp(a, "--copy-end")) bad = parse_float_option(a, v, &o.p_copy_end);
+        else if (!strcmp(a, "-s")) bad = parse_seed_option(a, v, &o.seed);
         else { fprintf(stderr, "error: unknown option '%s' (see --help)\n", a); return 1; }
-        if (end && (*end || end == v)) { fprintf(stderr, "error: option %s expects a number, got '%s'\n", a, v); return 1; }
+        if (bad) return 1;
     }
     if (!o.out_dir == !o.eval_dir) { fprintf(stderr, "error: give -o DIR (train) or --eval DIR (measure)\n"); return 1; }
-    if (o.steps < 1 || o.batch < N_WORKERS || !(o.lr > 0) || o.eval_docs < 1) {
-        fprintf(stderr, "error: need --steps >= 1, --batch >= %d, --lr > 0, --docs >= 1\n", N_WORKERS);
+    if (o.steps < 1 || o.batch < N_WORKERS || !(o.lr > 0) || o.eval_docs < 1 || o.p_copy_start < 0 ||
+        o.p_copy_start > 1 || o.p_copy_end < 0 || o.p_copy_end > 1) {
+        fprintf(stderr, "error: need --steps >= 1, --batch >= %d, --lr > 0, --docs >= 1, --copy-start and "
+                "--copy-end in [0, 1]\n", N_WORKERS);
         return 1;
     }
     return (o.eval_dir ? evaluate_reading(&o) : pretrain(&o)) == 0 ? 0 : 1;

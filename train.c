@@ -18,6 +18,7 @@
 #endif
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,15 +84,9 @@ static int parse_options(int argc, char **argv, Options *o) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
         if (!strcmp(a, "--json")) { o->json = 1; continue; }
         if (!strcmp(a, "--gpu")) { o->gpu = 1; continue; }
-        if (i + 1 >= argc) {
-            char word[64];
-            snprintf(word, sizeof word, " %s ", a);
-            fprintf(stderr, "error: option %s %s (see --help)\n", a,
-                    strstr(VALUE_OPTIONS, word) ? "needs a value" : "is unknown");
-            return -1;
-        }
+        if (i + 1 >= argc) { report_last_option(a, VALUE_OPTIONS); return -1; }
         const char *v = argv[++i];
-        char *end = NULL;
+        int bad = 0;
         if (!strcmp(a, "-m")) o->model_path = v;
         else if (!strcmp(a, "-z")) o->tok_path = v;
         else if (!strcmp(a, "-d")) o->doc_text_path = v;
@@ -112,33 +107,30 @@ static int parse_options(int argc, char **argv, Options *o) {
                 return -1;
             }
         }
-        else if (!strcmp(a, "--rho")) o->rho = strtof(v, &end);
-        else if (!strcmp(a, "--lr")) o->lr = strtof(v, &end);
-        else if (!strcmp(a, "--wd")) o->weight_decay = strtof(v, &end);
-        else if (!strcmp(a, "--warmup")) o->warmup_fraction = strtof(v, &end);
-        else if (!strcmp(a, "--lambda-alpha")) o->lambda_alpha = strtof(v, &end);
-        else if (!strcmp(a, "--lambda-A")) o->lambda_A = strtof(v, &end);
-        else if (!strcmp(a, "--lambda-kl")) o->lambda_kl = strtof(v, &end);
-        else if (!strcmp(a, "--kl-prompts")) o->kl_prompts = (int)strtol(v, &end, 10);
+        else if (!strcmp(a, "--rho")) bad = parse_float_option(a, v, &o->rho);
+        else if (!strcmp(a, "--lr")) bad = parse_float_option(a, v, &o->lr);
+        else if (!strcmp(a, "--wd")) bad = parse_float_option(a, v, &o->weight_decay);
+        else if (!strcmp(a, "--warmup")) bad = parse_float_option(a, v, &o->warmup_fraction);
+        else if (!strcmp(a, "--lambda-alpha")) bad = parse_float_option(a, v, &o->lambda_alpha);
+        else if (!strcmp(a, "--lambda-A")) bad = parse_float_option(a, v, &o->lambda_A);
+        else if (!strcmp(a, "--lambda-kl")) bad = parse_float_option(a, v, &o->lambda_kl);
+        else if (!strcmp(a, "--kl-prompts")) bad = parse_int_option(a, v, &o->kl_prompts);
         else if (!strcmp(a, "--loss")) {
             if (!strcmp(v, "regression")) preset = 0;
             else if (!strcmp(v, "mixed")) preset = 1;
             else if (!strcmp(v, "kl")) preset = 2;
             else { fprintf(stderr, "error: --loss must be regression, mixed or kl, not '%s'\n", v); return -1; }
         }
-        else if (!strcmp(a, "--steps")) o->steps = (int)strtol(v, &end, 10);
-        else if (!strcmp(a, "--batch")) o->batch = (int)strtol(v, &end, 10);
-        else if (!strcmp(a, "--n-prompts")) o->n_prompts = (int)strtol(v, &end, 10);
-        else if (!strcmp(a, "--prompt-len")) o->prompt_len = (int)strtol(v, &end, 10);
-        else if (!strcmp(a, "--answer-len")) o->answer_len = (int)strtol(v, &end, 10);
-        else if (!strcmp(a, "--checkpoint-every")) o->checkpoint_every = (int)strtol(v, &end, 10);
-        else if (!strcmp(a, "--stop-after")) o->stop_after = (int)strtol(v, &end, 10);
-        else if (!strcmp(a, "-s")) o->seed = strtoull(v, &end, 10);
+        else if (!strcmp(a, "--steps")) bad = parse_int_option(a, v, &o->steps);
+        else if (!strcmp(a, "--batch")) bad = parse_int_option(a, v, &o->batch);
+        else if (!strcmp(a, "--n-prompts")) bad = parse_int_option(a, v, &o->n_prompts);
+        else if (!strcmp(a, "--prompt-len")) bad = parse_int_option(a, v, &o->prompt_len);
+        else if (!strcmp(a, "--answer-len")) bad = parse_int_option(a, v, &o->answer_len);
+        else if (!strcmp(a, "--checkpoint-every")) bad = parse_int_option(a, v, &o->checkpoint_every);
+        else if (!strcmp(a, "--stop-after")) bad = parse_int_option(a, v, &o->stop_after);
+        else if (!strcmp(a, "-s")) bad = parse_seed_option(a, v, &o->seed);
         else { fprintf(stderr, "error: unknown option '%s' (see --help)\n", a); return -1; }
-        if (end && (*end || end == v)) {
-            fprintf(stderr, "error: option %s expects a number, got '%s'\n", a, v);
-            return -1;
-        }
+        if (bad) return -1;
     }
     /* loss presets (GUIDE): regression MLP (0.1, 1, 0), quadrature (0, 1, 0);
      * mixed adds 0.01 KL; pure KL (0, 0, 1). Explicit weights win. */
@@ -282,7 +274,9 @@ static int read_user_prompts(const char *path, const Tokenizer *tok, const Model
             n = tokenizer_encode(tok, line, 0, 0, ids, (int)strlen(line) + 3);
         } else {
             for (char *p = line, *end;; p = end) {
+                errno = 0;
                 long v = strtol(p, &end, 10);
+                if (end != p && (errno == ERANGE || v < INT_MIN || v > INT_MAX)) end = p;  /* not an int */
                 if (end == p) {
                     while (*end == ' ' || *end == '\t' || *end == '\r') end++;
                     if (*end) { fprintf(stderr, "error: %s line %d: '%s' is not a token id\n", path, line_no, end); n = -1; }
@@ -310,10 +304,7 @@ static int read_user_prompts(const char *path, const Tokenizer *tok, const Model
 /* What the full-cache model records over the training prompts, per layer:
  * P positions, each with H query heads. */
 typedef struct {
-    long P;
-    float *q;      /* (L, P, D) rotated queries */
-    float *A;      /* (L, P, D) exact document state A(q) */
-    float *alpha;  /* (L, P, H) exact log attention mass alpha(q) */
+    FitTargets fit; /* P, and q, A(q), alpha(q) at the P positions */
     float *logits; /* (P, V) the teacher's logits, for the KL term (or NULL) */
     int n_train;   /* training prompts */
     int *prompt;   /* (n_train) their index in the prompt set */
@@ -327,7 +318,8 @@ static void teacher_pass(const Model *m, const Document *doc, const PromptSet *p
                          int keep_logits, TeacherData *td, float *embed) {
     const Config *c = &m->config;
     int L = c->n_layers, D = c->dim, H = c->n_heads, max_len = promptset_max_len(p);
-    td->P = 0;
+    FitTargets *f = &td->fit;
+    f->P = 0;
     td->n_train = 0;
     td->prompt = xmalloc(p->n_prompts * sizeof(int));
     td->start = xmalloc(p->n_prompts * sizeof(long));
@@ -335,16 +327,16 @@ static void teacher_pass(const Model *m, const Document *doc, const PromptSet *p
         int len = p->offsets[i + 1] - p->offsets[i];
         if (!is_train[i]) continue;
         td->prompt[td->n_train] = i;
-        td->start[td->n_train++] = td->P;
-        td->P += len;
+        td->start[td->n_train++] = f->P;
+        f->P += len;
     }
-    size_t bytes = (size_t)td->P * ((size_t)L * (2 * D + H) + (keep_logits ? c->vocab_size : 0)) * sizeof(float);
+    size_t bytes = (size_t)f->P * ((size_t)L * (2 * D + H) + (keep_logits ? c->vocab_size : 0)) * sizeof(float);
     fprintf(stderr, "teacher pass: %d prompts, %ld training positions, %.1f MB of targets\n",
-            p->n_prompts, td->P, bytes / 1e6);
-    td->q = xmalloc((size_t)L * td->P * D * sizeof(float));
-    td->A = xmalloc((size_t)L * td->P * D * sizeof(float));
-    td->alpha = xmalloc((size_t)L * td->P * H * sizeof(float));
-    td->logits = keep_logits ? xmalloc((size_t)td->P * c->vocab_size * sizeof(float)) : NULL;
+            p->n_prompts, f->P, bytes / 1e6);
+    f->q = xmalloc((size_t)L * f->P * D * sizeof(float));
+    f->A = xmalloc((size_t)L * f->P * D * sizeof(float));
+    f->alpha = xmalloc((size_t)L * f->P * H * sizeof(float));
+    td->logits = keep_logits ? xmalloc((size_t)f->P * c->vocab_size * sizeof(float)) : NULL;
     RunState s;
     runstate_alloc(&s, m, doc, max_len, max_len);
     runstate_enable_taps(&s, m);
@@ -360,9 +352,9 @@ static void teacher_pass(const Model *m, const Document *doc, const PromptSet *p
         }
         if (is_train[i]) {
             for (int l = 0; l < L; l++) {
-                memcpy(td->q + ((size_t)l * td->P + at) * D, s.tap_q + (size_t)l * max_len * D, (size_t)len * D * sizeof(float));
-                memcpy(td->A + ((size_t)l * td->P + at) * D, s.tap_doc_A + (size_t)l * max_len * D, (size_t)len * D * sizeof(float));
-                memcpy(td->alpha + ((size_t)l * td->P + at) * H, s.tap_doc_lse + (size_t)l * max_len * H, (size_t)len * H * sizeof(float));
+                memcpy(f->q + ((size_t)l * f->P + at) * D, s.tap_q + (size_t)l * max_len * D, (size_t)len * D * sizeof(float));
+                memcpy(f->A + ((size_t)l * f->P + at) * D, s.tap_doc_A + (size_t)l * max_len * D, (size_t)len * D * sizeof(float));
+                memcpy(f->alpha + ((size_t)l * f->P + at) * H, s.tap_doc_lse + (size_t)l * max_len * H, (size_t)len * H * sizeof(float));
             }
             if (td->logits)
                 memcpy(td->logits + (size_t)at * c->vocab_size, s.logits, (size_t)len * c->vocab_size * sizeof(float));
@@ -423,7 +415,7 @@ static PromptSet select_prompts(const PromptSet *p, const unsigned char *is_trai
 
 /* MLP initialisation from the teacher's data: output biases at the training
  * means of alpha and A, input scale 1 / rms(q), per (layer, KV head). */
-static void mlp_init_from_teacher(ModuleSet *ms, const TeacherData *td, const Config *c, uint64_t seed) {
+static void mlp_init_from_teacher(ModuleSet *ms, const FitTargets *targets, const Config *c, uint64_t seed) {
     int L = c->n_layers, G = c->n_kv_heads, H = c->n_heads, D = c->dim, d = D / H, group = H / G;
     float *mean_a = xmalloc((size_t)L * G * sizeof(float)), *mean_A = xmalloc((size_t)L * G * d * sizeof(float));
     double *sA = xmalloc(d * sizeof(double));
@@ -431,13 +423,16 @@ static void mlp_init_from_teacher(ModuleSet *ms, const TeacherData *td, const Co
         for (int g = 0; g < G; g++) {
             double sa = 0, sq = 0;
             memset(sA, 0, d * sizeof(double));
-            for (long t = 0; t < td->P; t++)
+            for (long t = 0; t < targets->P; t++)
                 for (int j = 0; j < group; j++) {
-                    size_t row = ((size_t)l * td->P + t) * D + (size_t)(g * group + j) * d;
-                    sa += td->alpha[((size_t)l * td->P + t) * H + g * group + j];
-                    for (int k = 0; k < d; k++) { sA[k] += td->A[row + k]; sq += td->q[row + k] * td->q[row + k]; }
+                    size_t row = ((size_t)l * targets->P + t) * D + (size_t)(g * group + j) * d;
+                    sa += targets->alpha[((size_t)l * targets->P + t) * H + g * group + j];
+                    for (int k = 0; k < d; k++) {
+                        sA[k] += targets->A[row + k];
+                        sq += targets->q[row + k] * targets->q[row + k];
+                    }
                 }
-            double count = (double)td->P * group;
+            double count = (double)targets->P * group;
             mean_a[l * G + g] = (float)(sa / count);
             for (int k = 0; k < d; k++) mean_A[((size_t)l * G + g) * d + k] = (float)(sA[k] / count);
             ms->modules[l * G + g].input_scale = (float)(1.0 / sqrt(sq / (count * d) + 1e-12));
@@ -556,7 +551,7 @@ static double gpu_fit_kl(GpuFit *g, const int *tokens, int len, const float *tea
 /* Global norm clipping at 1.0 and the AdamW step; returns the norm. */
 static double gpu_fit_update(GpuFit *g, int step, float lr, float wd) {
     double norm = clip_grad_norm_cuda(g->ms.grads, g->ms.n_params, 1.0);
-    adamw_update_cuda(g->ms.params, g->ms.grads, g->m, g->v, g->ms.n_params, step, lr, wd);
+    adamw_update_cuda(g->ms.params, g->ms.grads, g->m, g->v, g->ms.n_params, step, lr, wd, ADAM_BETA2);
     return norm;
 }
 
@@ -728,7 +723,7 @@ int main(int argc, char **argv) {
     fprintf(info, "  total %zu params for %ld KV entries: rho %.4f\n", ms.n_params, kv_entries,
             (double)ms.n_params / kv_entries);
 
-    if (o.arch == ARCH_MLP) mlp_init_from_teacher(&ms, &td, c, o.seed + 7);
+    if (o.arch == ARCH_MLP) mlp_init_from_teacher(&ms, &td.fit, c, o.seed + 7);
     else quad_init_from_cache(&ms, &cache);
 
     /* 4. fitting */
@@ -752,7 +747,6 @@ int main(int argc, char **argv) {
     modulework_alloc(&work, &ms, o.batch * group);
     FitBatch batch;
     fitbatch_alloc(&batch, &ms, H, o.batch);
-    FitTargets targets = {td.P, td.q, td.A, td.alpha};
     /* the student for the KL term: the Nectar model, teacher-forced on a prompt */
     Document student_doc = {DOC_NECTAR, n_doc, NULL, &ms};
     RunState student;
@@ -764,7 +758,7 @@ int main(int argc, char **argv) {
     }
 #ifdef NECTAR_CUDA
     GpuFit gpu;
-    if (o.gpu) gpu_fit_start(&gpu, &model, &ms, &adam, &targets, o.batch, max_len, o.lambda_kl > 0);
+    if (o.gpu) gpu_fit_start(&gpu, &model, &ms, &adam, &td.fit, o.batch, max_len, o.lambda_kl > 0);
 #endif
     double t_fit = now_seconds(), last_print = 0, loss = 0;
     int last_step = o.stop_after > 0 && o.stop_after < o.steps ? o.stop_after : o.steps;
@@ -772,7 +766,7 @@ int main(int argc, char **argv) {
     for (int step = first_step; step < last_step; step++) {
         /* the batch depends only on (seed, step): resuming draws the same batches */
         uint64_t batch_rng = fnv1a(o.seed, &step, sizeof step) | 1;
-        for (int b = 0; b < batch.B; b++) batch.pos[b] = (long)(rng_u32(&batch_rng) % (uint32_t)td.P);
+        for (int b = 0; b < batch.B; b++) batch.pos[b] = (long)(rng_u32(&batch_rng) % (uint32_t)td.fit.P);
         float lr = learning_rate(&o, step);
         adam.step++;
         /* L = regression over the batch positions + lambda_kl mean KL(teacher || Nectar)
@@ -784,7 +778,7 @@ int main(int argc, char **argv) {
         {
             memset(ms.grads, 0, ms.n_params * sizeof(float));
             loss = o.lambda_alpha + o.lambda_A > 0
-                ? regression_grads(&ms, &work, &batch, &targets, H, o.lambda_alpha, o.lambda_A) : 0;
+                ? regression_grads(&ms, &work, &batch, &td.fit, H, o.lambda_alpha, o.lambda_A) : 0;
         }
         int kl_pick[64], kl_positions = 0;
         for (int k = 0; o.lambda_kl > 0 && k < o.kl_prompts; k++) {
@@ -817,7 +811,7 @@ int main(int argc, char **argv) {
 #endif
         {
             norm = clip_grad_norm(ms.grads, ms.n_params, 1.0);  /* global norm clipping at 1.0 */
-            adamw_update(ms.params, ms.grads, adam.m, adam.v, ms.n_params, adam.step, lr, o.weight_decay);
+            adamw_update(ms.params, ms.grads, adam.m, adam.v, ms.n_params, adam.step, lr, o.weight_decay, ADAM_BETA2);
         }
         double now = now_seconds() - t_fit;
         if (now - last_print > 1.0 || step + 1 == last_step) {
@@ -876,7 +870,7 @@ int main(int argc, char **argv) {
     evalresult_free(&random_split); evalresult_free(&challenge_split);
     fitbatch_free(&batch);
     free(adam.m); free(adam.v); free(mult); free(sizes); free(embed); free(is_train); free(order);
-    free(td.q); free(td.A); free(td.alpha); free(td.logits); free(td.prompt); free(td.start);
+    free(td.fit.q); free(td.fit.A); free(td.fit.alpha); free(td.logits); free(td.prompt); free(td.start);
     if (cpu_student) runstate_free(&student);
     free(dlogits);
     modulework_free(&work);

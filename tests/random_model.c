@@ -5,12 +5,13 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
+
+static const char USAGE[] = "usage: random_model OUT.bin [dim hidden layers heads kv_heads vocab seq_len seed std]\n";
 
 int main(int argc, char **argv) {
-    if (argc != 2 && argc != 11) {
-        fprintf(stderr, "usage: random_model OUT.bin [dim hidden layers heads kv_heads vocab seq_len seed std]\n");
-        return 1;
-    }
+    if (argc == 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) { fputs(USAGE, stdout); return 0; }
+    if (argc != 2 && argc != 11) { fputs(USAGE, stderr); return 1; }
     long v[9] = {64, 160, 3, 8, 2, 300, 256, 1, 0};
     for (int i = 0; i < 9 && argc == 11; i++) v[i] = strtol(argv[i + 2], NULL, 10);
     float std = argc == 11 ? strtof(argv[10], NULL) : 0.15f;

@@ -83,6 +83,8 @@ expect_error "document plus prompt beyond the context (61+4 > 64)" "$bin/infer" 
 expect_error "empty document" "$bin/infer" -m $model -D "$tmp/empty.ids" -I "$tmp/prompt.ids"
 expect_error "document without a prompt" "$bin/infer" -m $model -D "$tmp/doc.ids"
 expect_error "missing document file" "$bin/infer" -m $model -d "$tmp/none.txt" -i "x" -z $tok
+printf 'the cat\0sat' > "$tmp/nul.txt"
+expect_error "text document with a NUL byte" "$bin/infer" -m $model -d "$tmp/nul.txt" -i "x" -z $tok
 expect_error "text without a tokenizer" "$bin/infer" -m $model -i "hello"
 
 # tokenizer and flags
@@ -92,10 +94,34 @@ expect_error "truncated tokenizer" "$bin/infer" -m $model -z "$tmp/tok.bin" -i "
 expect_error "--encode without a tokenizer" "$bin/infer" --encode -i "x"
 expect_error "unknown option" "$bin/infer" -m $model --frobnicate
 expect_error "-n that is not a number" "$bin/infer" -m $model -n lots
+expect_error "-n empty" "$bin/infer" -m $model -I "$tmp/prompt.ids" -n ''
+expect_error "-n beyond int (2^32 + 1)" "$bin/infer" -m $model -I "$tmp/prompt.ids" -n 4294967297
+expect_error "-t nan" "$bin/infer" -m $model -I "$tmp/prompt.ids" -t nan
+expect_error "-p nan" "$bin/infer" -m $model -I "$tmp/prompt.ids" -p nan
+expect_error "negative seed" "$bin/infer" -m $model -I "$tmp/prompt.ids" -s -5
 expect_error "top-p above 1" "$bin/infer" -m $model -p 1.5
+expect_error "--json without --eval" "$bin/infer" -m $model -I "$tmp/prompt.ids" --json
+expect_error "train --lambda-A nan" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --lambda-A nan
+expect_error "train --lr inf" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --lr inf
+echo "4294967301 10 11 12" > "$tmp/wide.ids"
+expect_error "train prompt id beyond int" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" \
+    --prompt-ids "$tmp/wide.ids" --prompt-len 8 --steps 1
 # these programs are the CPU-only build: --gpu says where the GPU build is
 expect_error "infer --gpu (CPU-only build)" "$bin/infer" -m $model -I "$tmp/prompt.ids" -n 2 --gpu
 expect_error "train --gpu (CPU-only build)" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --gpu
+
+# pretrain and benchmark (built at the top level only)
+if [ -x "$bin/pretrain" ] && [ -x "$bin/benchmark" ]; then
+    expect_error "pretrain --copy-start above 1" "$bin/pretrain" -o "$tmp/p" --copy-start 2
+    expect_error "pretrain, an unknown option last" "$bin/pretrain" -o "$tmp/p" --bogus
+    mkdir -p "$tmp/small" && cp $model "$tmp/small/model.bin"
+    expect_error "pretrain --eval of a model with a short context" "$bin/pretrain" --eval "$tmp/small"
+    ./tests/random_model "$tmp/vocab100.bin" 48 128 2 6 2 100 64 1 0.15 2> /dev/null
+    expect_error "benchmark of a vocabulary below its ids" "$bin/benchmark" -m "$tmp/vocab100.bin" --max-doc 1024
+    expect_error "benchmark --max-doc with junk" "$bin/benchmark" -m $model --max-doc 3000x
+    expect_error "benchmark --max-doc 2^31 - 1" "$bin/benchmark" -m $model --max-doc 2147483647
+    expect_error "benchmark --min-doc too short for a module" "$bin/benchmark" -m $model --min-doc 1 --max-doc 4
+fi
 
 echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]

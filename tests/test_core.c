@@ -159,9 +159,7 @@ static void naive_module(const ModuleSet *s, const Module *mod, const double *pa
                          double *a, double *A) {
     if (s->arch == ARCH_MLP) { naive_mlp(s, mod, params, q, a, A); return; }
     int d = s->head_size, p = mod->n_pairs;
-    float *W = xmalloc((size_t)2 * p * d * sizeof(float));
-    for (size_t i = 0; i < (size_t)2 * p * d; i++) W[i] = (float)params[i];
-    /* quadrature is attention over (W, Z); done in doubles from here on */
+    /* quadrature is attention over (W, Z) = params, in doubles */
     double max = -INFINITY, sum = 0, sc[4096];
     for (int j = 0; j < p; j++) {
         sc[j] = 0;
@@ -177,7 +175,6 @@ static void naive_module(const ModuleSet *s, const Module *mod, const double *pa
     }
     for (int c = 0; c < d; c++) A[c] /= sum;
     *a = max + log(sum);
-    free(W);
 }
 
 /* L = sum_i ca_i a_i + sum_i cA_i . A_i over N queries, in doubles. */

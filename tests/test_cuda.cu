@@ -388,8 +388,8 @@ static void test_fit(ModuleArch arch, int d, int size, int B, int steps) {
         double loss = regression_grads(&s, &work, &b, &t, H, lambda_alpha, 1.0f);
         double loss_d = regression_grads_cuda(&s_d, &work_d, &b_d, &t_d, H, lambda_alpha, 1.0f);
         double norm = clip_grad_norm(s.grads, s.n_params, 1.0), norm_d = clip_grad_norm_cuda(s_d.grads, s.n_params, 1.0);
-        adamw_update(s.params, s.grads, m, v, s.n_params, step, lr, wd);
-        adamw_update_cuda(s_d.params, s_d.grads, m_d, v_d, s.n_params, step, lr, wd);
+        adamw_update(s.params, s.grads, m, v, s.n_params, step, lr, wd, ADAM_BETA2);
+        adamw_update_cuda(s_d.params, s_d.grads, m_d, v_d, s.n_params, step, lr, wd, ADAM_BETA2);
         max_loss_rel = fmax(max_loss_rel, fabs(loss_d - loss) / fabs(loss));
         max_norm_rel = fmax(max_norm_rel, fabs(norm_d - norm) / norm);
     }
