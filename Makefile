@@ -164,7 +164,7 @@ $(EMU)/cuda_emu.o: $(EMU_SRC) | check-blas
 	@mkdir -p $(EMU)
 	$(EMU_CXX) -c tests/cuda_emu/cuda_emu.cpp -o $@
 
-$(EMU)/test_cuda: tests/test_cuda.cu tests/check.h tests/test_cuda_ref.c $(EMU)/nectar_cuda.o $(EMU)/cuda_emu.o | check-blas
+$(EMU)/test_cuda: tests/test_cuda.cu tests/check.h tests/test_cuda_ref.c nectar.c nectar.h $(EMU)/nectar_cuda.o $(EMU)/cuda_emu.o | check-blas
 	python3 tests/cuda_emu/cu2cpp.py tests/test_cuda.cu > $(EMU)/test_cuda.cpp
 	$(EMU_CXX) -c $(EMU)/test_cuda.cpp -o $(EMU)/test_cuda.o
 	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -c tests/test_cuda_ref.c -o $(EMU)/test_cuda_ref.o

@@ -73,6 +73,10 @@ expect_error "absurd vocab size" "$bin/infer" -m "$tmp/huge.bin" -I "$tmp/prompt
 # tokens and lengths
 echo "1 20 99999" > "$tmp/big.ids"
 expect_error "token id out of range (prompt)" "$bin/infer" -m $model -I "$tmp/big.ids"
+echo "1 20 300" > "$tmp/vocab.ids"
+expect_error "token id equal to the vocabulary size (300)" "$bin/infer" -m $model -I "$tmp/vocab.ids"
+echo "4294967301 10 11" > "$tmp/wrap.ids"
+expect_error "token id beyond int (would wrap to 5)" "$bin/infer" -m $model -I "$tmp/wrap.ids"
 echo "1 -5 7" > "$tmp/neg.ids"
 expect_error "negative token id (document)" "$bin/infer" -m $model -D "$tmp/neg.ids" -I "$tmp/prompt.ids"
 echo "12 abc 7" > "$tmp/text.ids"

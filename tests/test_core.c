@@ -715,6 +715,158 @@ static void test_kl_gradients(void) {
     model_free(&m);
 }
 
+/* clip_grad_norm and adamw_update against their closed forms. */
+static void test_optimizer_steps(void) {
+    printf("gradient clipping and AdamW against closed forms\n");
+    float g[2] = {3, 4};
+    double norm = clip_grad_norm(g, 2, 1.0), want_g[2] = {0.6, 0.8};
+    check("clip (3, 4) to norm 1: returns 5", fabs(norm - 5) < 1e-12);
+    check_close("clip (3, 4) to norm 1: leaves (0.6, 0.8)", g, want_g, 2, 0, 1e-7);
+    float small[2] = {0.3f, 0.4f};
+    double want_small[2] = {0.3f, 0.4f};
+    clip_grad_norm(small, 2, 1.0);
+    check_close("clip (0.3, 0.4) to norm 1: unchanged", small, want_small, 2, 0, 0);
+
+    /* two steps from m = v = 0, in doubles:
+     *   m_t = b1 m_{t-1} + (1 - b1) g_t,  v_t = b2 v_{t-1} + (1 - b2) g_t^2,
+     *   theta -= lr ((m_t / (1 - b1^t)) / (sqrt(v_t / (1 - b2^t)) + eps) + wd theta) */
+    enum { N = 4 };
+    const float grads[2][N] = {{0.5f, -2.0f, 1e-3f, 0.0f}, {-0.25f, -1.0f, 3e-3f, 0.0f}};
+    const float lr = 0.01f, wd = 0.1f, b1 = ADAM_BETA1;
+    const float beta2s[2] = {ADAM_BETA2, 0.95f};
+    for (int k = 0; k < 2; k++) {
+        float params[N] = {1.0f, -0.5f, 2.0f, 3.0f}, m[N] = {0}, v[N] = {0};
+        double want[N], dm[N] = {0}, dv[N] = {0}, b2 = beta2s[k];
+        for (int i = 0; i < N; i++) want[i] = params[i];
+        for (int step = 1; step <= 2; step++) {
+            adamw_update(params, grads[step - 1], m, v, N, step, lr, wd, beta2s[k]);
+            for (int i = 0; i < N; i++) {
+                double gi = grads[step - 1][i];
+                dm[i] = b1 * dm[i] + (1 - b1) * gi;
+                dv[i] = b2 * dv[i] + (1 - b2) * gi * gi;
+                double mhat = dm[i] / (1 - pow(b1, step)), vhat = dv[i] / (1 - pow(b2, step));
+                want[i] -= lr * (mhat / (sqrt(vhat) + ADAM_EPS) + wd * want[i]);
+            }
+        }
+        char what[80];
+        snprintf(what, sizeof what, "AdamW, two steps, beta2 %.3g (one gradient 0: decay only)", beta2s[k]);
+        check_close(what, params, want, N, 0, 1e-6);
+    }
+}
+
+/* evaluate() against its definitions, recomputed here. Quadrature modules
+ * W = K, Z = V + u (u one vector per (layer, KV head)) give alpha exactly and
+ * A_theta = A + u (the softmax sums to 1), so the module error is known. */
+static void test_evaluate(void) {
+    printf("evaluate() against its definitions (quadrature modules with a known error)\n");
+    Model m;
+    model_init_random(&m, small_gqa, 1, 42, 0.15f);
+    const Config *c = &m.config;
+    int L = c->n_layers, G = c->n_kv_heads, H = c->n_heads, D = c->dim, d = D / H, V = c->vocab_size;
+    enum { NDOC = 30, NPROMPTS = 3, MAXLEN = 9 };
+    const int lens[NPROMPTS] = {7, 9, 5};
+    int doc_ids[NDOC], offsets[NPROMPTS + 1] = {0}, tokens[NPROMPTS * MAXLEN];
+    unsigned char challenge[NPROMPTS] = {0};
+    uint64_t rng = 31;
+    for (int i = 0; i < NDOC; i++) doc_ids[i] = 3 + rng_u32(&rng) % (V - 3);
+    DocCache cache;
+    doccache_build(&cache, &m, doc_ids, NDOC, 8);
+    Document full = {DOC_EXACT, NDOC, &cache, NULL};
+    RunState sf;
+    runstate_alloc(&sf, &m, &full, MAXLEN, MAXLEN);
+    runstate_enable_taps(&sf, &m);
+    /* prompts: random tokens, every other one the full model's greedy choice,
+     * so that accuracy is not 0 */
+    for (int i = 0; i < NPROMPTS; i++) {
+        offsets[i + 1] = offsets[i] + lens[i];
+        for (int t = 0; t < lens[i]; t++) {
+            int *at = tokens + offsets[i] + t;
+            if (t % 2 == 0) { *at = 3 + rng_u32(&rng) % (V - 3); continue; }
+            forward(&m, &sf, &full, tokens + offsets[i], t, 0, LOGITS_LAST);
+            *at = argmax(sf.logits + (size_t)(t - 1) * V, V);
+        }
+    }
+    PromptSet prompts = {NPROMPTS, offsets, tokens, challenge};
+    ModuleSet ms;
+    int p[3] = {NDOC, NDOC, NDOC};
+    moduleset_alloc(&ms, ARCH_QUAD, L, G, d, 0, 0, 0, p, 0);
+    quad_init_from_cache(&ms, &cache);
+    ms.n_doc = NDOC;
+    float *u = xmalloc((size_t)L * G * d * sizeof(float));  /* (L, G, d) */
+    fill_normal(u, (size_t)L * G * d, 0.05f, &rng);
+    for (int i = 0; i < L * G; i++)
+        for (int j = 0; j < NDOC; j++)
+            for (int k = 0; k < d; k++) ms.modules[i].params[(size_t)(NDOC + j) * d + k] += u[(size_t)i * d + k];
+
+    EvalResult r;
+    check("evaluate runs", evaluate(&m, &cache, &ms, &prompts, 0, &r) == 0);
+
+    /* the same quantities from forward passes of our own */
+    Document nectar = {DOC_NECTAR, NDOC, NULL, &ms};
+    RunState sn;
+    runstate_alloc(&sn, &m, &nectar, MAXLEN, MAXLEN);
+    double kl = 0, kl_reverse = 0, hits_full = 0, hits_nectar = 0, agree = 0, positions = 0, target_mse = 0;
+    double *log_ratio = xmalloc((size_t)L * H * sizeof(double));  /* (L, H) sums over queries */
+    long queries = 0;
+    for (int i = 0; i < NPROMPTS; i++) {
+        const int *prompt = tokens + offsets[i];
+        int len = lens[i];
+        forward(&m, &sf, &full, prompt, len, 0, LOGITS_ALL);
+        forward(&m, &sn, &nectar, prompt, len, 0, LOGITS_ALL);
+        /* KL(full || Nectar) over the len - 1 next-token predictions */
+        kl += kl_loss(sf.logits, sn.logits, len - 1, V, NULL) * (len - 1);
+        kl_reverse += kl_loss(sn.logits, sf.logits, len - 1, V, NULL) * (len - 1);
+        for (int t = 0; t + 1 < len; t++) {
+            int top_full = argmax(sf.logits + (size_t)t * V, V), top_nectar = argmax(sn.logits + (size_t)t * V, V);
+            hits_full += top_full == prompt[t + 1];
+            hits_nectar += top_nectar == prompt[t + 1];
+            agree += top_nectar == top_full;
+            positions++;
+        }
+        /* RTE's terms log(||u||^2 / ||q - A||^2) at every query of every (layer, head) */
+        for (int l = 0; l < L; l++)
+            for (int h = 0; h < H; h++) {
+                const float *uh = u + ((size_t)l * G + h / (H / G)) * d;
+                double uu = 0;
+                for (int k = 0; k < d; k++) uu += (double)uh[k] * uh[k];
+                for (int t = 0; t < len; t++) {
+                    const float *q = sf.tap_q + ((size_t)l * MAXLEN + t) * D + h * d;
+                    const float *A = sf.tap_doc_A + ((size_t)l * MAXLEN + t) * D + h * d;
+                    double base = 0;
+                    for (int k = 0; k < d; k++) base += ((double)q[k] - A[k]) * ((double)q[k] - A[k]);
+                    log_ratio[l * H + h] += log(uu / base);
+                    target_mse += uu;
+                }
+            }
+        queries += (long)len * L * H;
+    }
+    double log_rte = 0;
+    for (int i = 0; i < L * H; i++) log_rte += log_ratio[i] / (queries / (L * H));
+    printf("    KL(full || Nectar) %.5f, KL(Nectar || full) %.5f\n", kl / positions, kl_reverse / positions);
+    check("the two KL directions differ here by > 1000x the tolerance", fabs(kl - kl_reverse) > 1e-3 * kl);
+    struct { const char *name; double got, want, rtol; } metrics[] = {
+        {"KL(full || Nectar)", r.kl, kl / positions, 1e-6},
+        {"accuracy, full cache", r.acc_full, hits_full / positions, 0},
+        {"accuracy, Nectar", r.acc_nectar, hits_nectar / positions, 0},
+        {"top-1 agreement", r.agree, agree / positions, 0},
+        {"target MSE = mean ||u||^2", r.target_mse, target_mse / queries, 1e-4},
+        {"RTE = exp(mean_{l,h} mean log(|u|^2 / |q - A|^2))", r.rte, exp(log_rte / (L * H)), 1e-4},
+    };
+    for (size_t i = 0; i < sizeof metrics / sizeof metrics[0]; i++) {
+        float got = (float)metrics[i].got;
+        check_close(metrics[i].name, &got, &metrics[i].want, 1, 1e-7, metrics[i].rtol);
+    }
+    check("score MSE is 0 to float precision (alpha exact)", r.score_mse < 1e-9);
+    printf("    %.0f positions: %.0f right (full), %.0f right (Nectar), %.0f agree\n", positions, hits_full, hits_nectar, agree);
+    check("accuracy, agreement and KL are not trivial here", agree > 0 && agree < positions && kl > 1e-4);
+    evalresult_free(&r);
+    free(log_ratio); free(u);
+    runstate_free(&sf); runstate_free(&sn);
+    moduleset_free(&ms);
+    doccache_free(&cache);
+    model_free(&m);
+}
+
 int main(void) {
     test_attention_and_merge();
     test_module(ARCH_MLP, 1, 1, 2, 9);
@@ -731,6 +883,8 @@ int main(void) {
     test_tokenizer();
     test_op_backward();
     test_kl_gradients();
+    test_optimizer_steps();
+    test_evaluate();
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;
 }
