@@ -75,7 +75,7 @@ static const char VALUE_OPTIONS[] = " -m -z -d -D -o --prompts --prompt-ids --ch
 
 static int parse_options(int argc, char **argv, Options *o) {
     *o = (Options){.arch = ARCH_MLP, .rho = 0.1f, .lr = 1e-2f, .warmup_fraction = 0.05f,
-                   .lambda_alpha = -1, .lambda_A = -1, .lambda_kl = -1, .kl_prompts = 2, .answer_len = 16,
+                   .lambda_alpha = NAN, .lambda_A = NAN, .lambda_kl = NAN, .kl_prompts = 2, .answer_len = 16,
                    .steps = 6000, .batch = 64, .n_prompts = 200,
                    .prompt_len = 48, .depth_backbone = 1, .depth_score = 1, .depth_target = 1, .seed = 1234};
     int preset = 0;
@@ -135,9 +135,9 @@ static int parse_options(int argc, char **argv, Options *o) {
     /* loss presets (GUIDE): regression MLP (0.1, 1, 0), quadrature (0, 1, 0);
      * mixed adds 0.01 KL; pure KL (0, 0, 1). Explicit weights win. */
     float preset_alpha = preset == 2 ? 0.0f : o->arch == ARCH_MLP ? 0.1f : 0.0f;
-    if (o->lambda_alpha < 0) o->lambda_alpha = preset_alpha;
-    if (o->lambda_A < 0) o->lambda_A = preset == 2 ? 0.0f : 1.0f;
-    if (o->lambda_kl < 0) o->lambda_kl = preset == 0 ? 0.0f : preset == 1 ? 0.01f : 1.0f;
+    if (isnan(o->lambda_alpha)) o->lambda_alpha = preset_alpha;  /* not given (parsing refuses nan) */
+    if (isnan(o->lambda_A)) o->lambda_A = preset == 2 ? 0.0f : 1.0f;
+    if (isnan(o->lambda_kl)) o->lambda_kl = preset == 0 ? 0.0f : preset == 1 ? 0.01f : 1.0f;
     const char *why = NULL;
     if (!o->model_path) why = "a model is required (-m); see --help";
     else if (!o->out_path) why = "an output file is required (-o OUT.nectar)";

@@ -106,6 +106,7 @@ expect_error "negative seed" "$bin/infer" -m $model -I "$tmp/prompt.ids" -s -5
 expect_error "top-p above 1" "$bin/infer" -m $model -p 1.5
 expect_error "--json without --eval" "$bin/infer" -m $model -I "$tmp/prompt.ids" --json
 expect_error "train --lambda-A nan" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --lambda-A nan
+expect_error "train --lambda-kl -1" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --lambda-kl -1
 expect_error "train --lr inf" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --lr inf
 echo "4294967301 10 11 12" > "$tmp/wide.ids"
 expect_error "train prompt id beyond int" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" \
