@@ -170,14 +170,23 @@ $(EMU)/test_cuda: tests/test_cuda.cu tests/check.h tests/test_cuda_ref.c nectar.
 	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -c tests/test_cuda_ref.c -o $(EMU)/test_cuda_ref.o
 	$(CXX) -o $@ $(EMU)/test_cuda.o $(EMU)/nectar_cuda.o $(EMU)/cuda_emu.o $(EMU)/test_cuda_ref.o $(BLAS_LIBS) -lm
 
+$(EMU)/selftest: tests/cuda_emu/selftest.cu $(EMU)/cuda_emu.o
+	python3 tests/cuda_emu/cu2cpp.py tests/cuda_emu/selftest.cu > $(EMU)/selftest.cpp
+	$(EMU_CXX) -o $@ $(EMU)/selftest.cpp $(EMU)/cuda_emu.o $(BLAS_LIBS) -lm
+
 $(EMU)/infer $(EMU)/train: $(EMU)/%: $(EMU)/%.o $(EMU)/nectar.o $(EMU)/nectar_cuda.o $(EMU)/cuda_emu.o
 	$(CXX) -o $@ $^ $(BLAS_LIBS) -lm
 
 $(EMU)/benchmark: $(EMU)/bench.o $(EMU)/nectar.o $(EMU)/nectar_cuda.o $(EMU)/cuda_emu.o
 	$(CXX) -o $@ $^ $(BLAS_LIBS) -lm
 
-test-cuda-emu: $(EMU)/test_cuda $(EMU)/infer $(EMU)/train $(EMU)/benchmark
+test-cuda-emu: $(EMU)/selftest $(EMU)/test_cuda $(EMU)/infer $(EMU)/train $(EMU)/benchmark
+	./$(EMU)/selftest
+	CUDA_EMU_GUARD=before ./$(EMU)/selftest
 	./$(EMU)/test_cuda
+	CUDA_EMU_GUARD=before ./$(EMU)/test_cuda > $(EMU)/test_cuda.guard-before.log || \
+		{ cat $(EMU)/test_cuda.guard-before.log; exit 1; }
+	@echo "test_cuda with guard pages before the blocks: $$(tail -n 1 $(EMU)/test_cuda.guard-before.log)"
 	bash tests/test_gpu_programs.sh $(EMU)
 
 # `make test` stops at the first failing step.

@@ -1,6 +1,7 @@
 """cu2cpp.py FILE.cu > FILE.cpp: rewrites CUDA source for the CPU emulator.
 
-kernel<<<grid, block[, smem]>>>(args)  ->  emu_launch([&] { kernel(args); }, grid, block[, smem])
+kernel<<<grid, block[, smem]>>>(args)  ->  (emu_check_launch("kernel", args),
+                                           emu_launch("kernel", [&] { kernel(args); }, grid, block[, smem]))
 extern __shared__ T name[];            ->  T *name = (T *)emu_dynamic_shared();
 __shared__ T a[N], b[M];               ->  static T a[N], b[M]; EMU_SHARED(a); EMU_SHARED(b);
                                            (blocks run one at a time, so a function's statics
@@ -19,7 +20,10 @@ while (m := launch.search(source, at)):
         depth += {'(': 1, ')': -1}.get(source[end], 0)
         end += 1
     out.append(source[at:m.start()])
-    out.append('emu_launch([&] { %s(%s); }, %s)' % (m.group(1), source[m.end():end - 1], m.group(2)))
+    kernel, args = m.group(1), source[m.end():end - 1]
+    checked = ', ' + ' '.join(args.split()) if args.strip() else ''  # on one line: the #line numbers hold
+    out.append('(emu_check_launch("%s"%s), emu_launch("%s", [&] { %s(%s); }, %s))'
+               % (kernel, checked, kernel, kernel, args, m.group(2)))
     at = end
 out.append(source[at:])
 source = ''.join(out)

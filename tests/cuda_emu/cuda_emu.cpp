@@ -10,10 +10,14 @@
 
 #include <cblas.h>
 #include <setjmp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
+#include <map>
 #include <vector>
 
 dim3 threadIdx, blockIdx, blockDim, gridDim;
@@ -35,11 +39,98 @@ int current;                          /* the running fiber */
 jmp_buf scheduler;
 ucontext_t scheduler_context;
 const std::function<void()> *kernel;  /* the launch's body */
+const char *kernel_name;              /* its name, for reports; NULL between launches */
 std::vector<char> dynamic_shared;
 std::vector<std::pair<void *, size_t>> static_shared;  /* every __shared__ array seen so far */
 long passes;                          /* scheduling passes so far: odd ones run the fibers backwards */
 float lanes[MAX_THREADS / 32][32];    /* one value per lane, for the shuffles */
 cudaError_t last_error = cudaSuccess;
+
+/* Device memory: every live cudaMalloc block by its start address, so a
+ * call can tell a device pointer from a host one and see a range that runs
+ * past the end of its block. Each block has pages of its own, with a page
+ * that cannot be read or written right after its last byte (or, with
+ * CUDA_EMU_GUARD=before, right before its first), so a kernel that steps
+ * out of its block that way faults at once (see report_fault). */
+struct DeviceBlock {
+    size_t size;
+    char *mapping;  /* the pages holding the block and its guard page */
+    size_t mapped;
+};
+std::map<const char *, DeviceBlock> device_blocks;
+
+/* Whether [p, p + bytes) lies in one device block (bytes 0: p in [start, end]). */
+bool on_device(const void *p, size_t bytes) {
+    auto next = device_blocks.upper_bound((const char *)p);
+    if (next == device_blocks.begin()) return false;
+    auto block = std::prev(next);
+    return (const char *)p + bytes <= block->first + block->second.size;
+}
+
+[[noreturn]] void fail(const char *call, const char *what, const void *p, size_t bytes) {
+    fprintf(stderr, "cuda_emu: %s: %s (%p, %zu bytes)\n", call, what, p, bytes);
+    abort();
+}
+
+void require_device(const char *call, const char *what, const void *p, size_t bytes) {
+    if (bytes && !on_device(p, bytes)) fail(call, what, p, bytes);
+}
+
+/* A copy's kind must say where its pointers are; a device range must lie in
+ * its block. (Real CUDA leaves a mismatch undefined.) */
+void check_copy(const char *call, const void *dst, size_t dst_bytes, const void *src, size_t src_bytes,
+                cudaMemcpyKind kind) {
+    if (kind == cudaMemcpyDefault || dst_bytes == 0) return;
+    bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+    bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+    if (dst_device) require_device(call, "the destination is not device memory, or runs past its block", dst, dst_bytes);
+    else if (on_device(dst, 0)) fail(call, "the destination is device memory, but the copy's kind says host", dst, dst_bytes);
+    if (src_device) require_device(call, "the source is not device memory, or runs past its block", src, src_bytes);
+    else if (on_device(src, 0)) fail(call, "the source is device memory, but the copy's kind says host", src, src_bytes);
+}
+
+/* A column-major matrix of `rows` x `cols` with leading dimension ld spans this many floats. */
+size_t matrix_extent(int rows, int cols, int ld) {
+    return rows > 0 && cols > 0 ? (size_t)(cols - 1) * ld + rows : 0;
+}
+
+/* SIGSEGV: a fault in a block's guard page is a step out of the block,
+ * reported with the kernel that made it; any other fault is left as it is. */
+void report_fault(int, siginfo_t *info, void *) {
+    const char *at = (const char *)info->si_addr;
+    for (auto &entry : device_blocks) {
+        const char *start = entry.first;
+        const DeviceBlock &block = entry.second;
+        if (at < block.mapping || at >= block.mapping + block.mapped) continue;
+        char report[256];
+        int len = snprintf(report, sizeof(report), "cuda_emu: %s: access at byte %ld of a cudaMalloc block of %zu "
+                           "bytes, outside it\n", kernel_name ? kernel_name : "host code", (long)(at - start),
+                           block.size);
+        if (write(2, report, (size_t)len) < 0) {}
+        abort();
+    }
+    signal(SIGSEGV, SIG_DFL);  /* not a guard page: fault again, as without the emulator */
+}
+
+/* Where guard pages go (CUDA_EMU_GUARD=before or after, after by default),
+ * and report_fault in place; once, at the first cudaMalloc. */
+bool guard_before() {
+    static int before = -1;
+    if (before < 0) {
+        const char *where = getenv("CUDA_EMU_GUARD");
+        if (where && strcmp(where, "before") != 0 && strcmp(where, "after") != 0) {
+            fprintf(stderr, "cuda_emu: CUDA_EMU_GUARD must be 'before' or 'after', not '%s'\n", where);
+            exit(1);
+        }
+        before = where && strcmp(where, "before") == 0;
+        struct sigaction on_fault;
+        memset(&on_fault, 0, sizeof(on_fault));
+        on_fault.sa_sigaction = report_fault;
+        on_fault.sa_flags = SA_SIGINFO;
+        sigaction(SIGSEGV, &on_fault, NULL);
+    }
+    return before;
+}
 
 void fiber_main() {
     (*kernel)();
@@ -120,6 +211,13 @@ void run_block(int n) {
 
 void *emu_dynamic_shared(void) { return dynamic_shared.data(); }
 
+void emu_check_kernel_pointer(const char *kernel, int arg, const void *p) {
+    if (p && !on_device(p, 0)) {
+        fprintf(stderr, "cuda_emu: %s: argument %d (%p) is not device memory\n", kernel, arg + 1, p);
+        abort();
+    }
+}
+
 EmuShared::EmuShared(void *p, size_t bytes) {
     static_shared.push_back({p, bytes});
     memset(p, 0xff, bytes);  /* NaN until written, in this block and (see emu_run) every later one */
@@ -139,16 +237,17 @@ float emu_shuffle(float v, int mode, int arg) {
     return got;
 }
 
-void emu_run(const std::function<void()> &body, dim3 grid, dim3 block, size_t smem) {
+void emu_run(const char *name, const std::function<void()> &body, dim3 grid, dim3 block, size_t smem) {
     int n = (int)(block.x * block.y * block.z);
     if (!grid.x || !grid.y || !grid.z || n <= 0 || n > MAX_THREADS || grid.y > 65535 || grid.z > 65535 ||
         smem > STATIC_SHARED_LIMIT) {
-        fprintf(stderr, "cuda_emu: invalid launch: grid (%u, %u, %u), block (%u, %u, %u), %zu bytes of shared memory\n",
-                grid.x, grid.y, grid.z, block.x, block.y, block.z, smem);
+        fprintf(stderr, "cuda_emu: %s: invalid launch: grid (%u, %u, %u), block (%u, %u, %u), %zu bytes of shared "
+                "memory\n", name, grid.x, grid.y, grid.z, block.x, block.y, block.z, smem);
         last_error = cudaErrorInvalidConfiguration;
         return;
     }
     kernel = &body;
+    kernel_name = name;
     gridDim = grid;
     blockDim = block;
     while ((int)fibers.size() < n) {
@@ -165,6 +264,7 @@ void emu_run(const std::function<void()> &body, dim3 grid, dim3 block, size_t sm
                     for (int l = 0; l < 32; l++) lanes[w][l] = NAN;
                 run_block(n);
             }
+    kernel_name = NULL;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -182,26 +282,57 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int) {
     prop->major = 9;
     return cudaSuccess;
 }
+/* A block of n bytes with its guard page (see DeviceBlock). Placed against
+ * a guard after it, the block starts at a page end minus n, which keeps
+ * floats, doubles and longs aligned (n is a multiple of their size). */
 cudaError_t cudaMalloc(void **p, size_t n) {
-    *p = malloc(n ? n : 1);
-    if (!*p) return cudaErrorMemoryAllocation;
-    memset(*p, 0xff, n);  /* garbage, as cudaMalloc gives: NaN as floats */
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), data = n > page ? (n + page - 1) / page * page : page;
+    char *mapping = (char *)mmap(NULL, data + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mapping == MAP_FAILED) return cudaErrorMemoryAllocation;
+    char *start = guard_before() ? mapping + page : mapping + data - n;
+    if (mprotect(guard_before() ? mapping : mapping + data, page, PROT_NONE) != 0) {
+        munmap(mapping, data + page);
+        return cudaErrorMemoryAllocation;
+    }
+    memset(start, 0xff, n);  /* garbage, as cudaMalloc gives: NaN as floats */
+    device_blocks[start] = DeviceBlock{n, mapping, data + page};
+    *p = start;
     return cudaSuccess;
 }
-cudaError_t cudaFree(void *p) { free(p); return cudaSuccess; }
-cudaError_t cudaMemset(void *p, int value, size_t n) { if (n) memset(p, value, n); return cudaSuccess; }
+cudaError_t cudaFree(void *p) {
+    if (!p) return cudaSuccess;
+    auto block = device_blocks.find((const char *)p);
+    if (block == device_blocks.end()) fail("cudaFree", "not the start of a cudaMalloc block", p, 0);
+    munmap(block->second.mapping, block->second.mapped);
+    device_blocks.erase(block);
+    return cudaSuccess;
+}
+cudaError_t cudaMemset(void *p, int value, size_t n) {
+    require_device("cudaMemset", "not device memory, or runs past its block", p, n);
+    if (n) memset(p, value, n);
+    return cudaSuccess;
+}
+/* A pitched range of `height` rows of `width` bytes spans this many bytes. */
+static size_t pitched_extent(size_t pitch, size_t width, size_t height) {
+    return height && width ? (height - 1) * pitch + width : 0;
+}
 cudaError_t cudaMemset2D(void *p, size_t pitch, int value, size_t width, size_t height) {
     if (width > pitch) return cudaErrorInvalidValue;
+    size_t extent = pitched_extent(pitch, width, height);
+    require_device("cudaMemset2D", "not device memory, or runs past its block", p, extent);
     for (size_t r = 0; r < height; r++) memset((char *)p + r * pitch, value, width);
     return cudaSuccess;
 }
-cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind) {
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
+    check_copy("cudaMemcpy", dst, n, src, n, kind);
     if (n) memmove(dst, src, n);
     return cudaSuccess;
 }
 cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
-                         cudaMemcpyKind) {
+                         cudaMemcpyKind kind) {
     if (width > dpitch || width > spitch) return cudaErrorInvalidValue;
+    check_copy("cudaMemcpy2D", dst, pitched_extent(dpitch, width, height), src, pitched_extent(spitch, width, height),
+               kind);
     for (size_t r = 0; r < height; r++) memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
     return cudaSuccess;
 }
@@ -236,6 +367,13 @@ cublasStatus_t cublasSgemm(cublasHandle_t, cublasOperation_t ta, cublasOperation
         return CUBLAS_STATUS_INVALID_VALUE;
     }
     if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+    int cols_A = ta == CUBLAS_OP_N ? k : m, cols_B = tb == CUBLAS_OP_N ? n : k;
+    require_device("cublasSgemm", "A is not device memory, or runs past its block", A,
+                   matrix_extent(rows_A, cols_A, lda) * sizeof(float));
+    require_device("cublasSgemm", "B is not device memory, or runs past its block", B,
+                   matrix_extent(rows_B, cols_B, ldb) * sizeof(float));
+    require_device("cublasSgemm", "C is not device memory, or runs past its block", C,
+                   matrix_extent(m, n, ldc) * sizeof(float));
     for (int j = 0; j < n; j++)
         for (int i = 0; i < m; i++) C[(size_t)j * ldc + i] = *beta == 0.0f ? 0.0f : *beta * C[(size_t)j * ldc + i];
     int half = k / 2;  /* op(A) columns and op(B) rows [0, half), then [half, k) */

@@ -18,6 +18,7 @@
 #ifdef __cplusplus
 #include <cmath>
 #include <functional>
+#include <type_traits>
 
 struct dim3 {
     unsigned x, y, z;
@@ -31,10 +32,23 @@ extern dim3 threadIdx, blockIdx, blockDim, gridDim;
 #define __forceinline__ inline
 
 /* cu2cpp.py turns kernel<<<grid, block, smem>>>(args) into
- * emu_launch([&] { kernel(args); }, grid, block, smem). */
-void emu_run(const std::function<void()> &body, dim3 grid, dim3 block, size_t smem);
+ * (emu_check_launch("kernel", args), emu_launch("kernel", [&] { kernel(args); }, grid, block, smem)). */
+void emu_run(const char *name, const std::function<void()> &body, dim3 grid, dim3 block, size_t smem);
 template <class F, class G, class B>
-void emu_launch(F body, G grid, B block, size_t smem = 0) { emu_run(body, dim3(grid), dim3(block), smem); }
+void emu_launch(const char *name, F body, G grid, B block, size_t smem = 0) {
+    emu_run(name, body, dim3(grid), dim3(block), smem);
+}
+/* Before a launch: every pointer argument must be NULL or point into (or
+ * just past) a cudaMalloc block, as a kernel cannot read host memory. */
+void emu_check_kernel_pointer(const char *kernel, int arg, const void *p);
+template <class T> void emu_check_kernel_arg(const char *kernel, int arg, const T &value) {
+    if constexpr (std::is_pointer<std::decay_t<T>>::value) emu_check_kernel_pointer(kernel, arg, (const void *)value);
+}
+template <class... A> void emu_check_launch(const char *kernel, const A &...args) {
+    int arg = 0;
+    (emu_check_kernel_arg(kernel, arg++, args), ...);
+    (void)arg;
+}
 /* extern __shared__ arrays become this block's dynamic shared memory. */
 void *emu_dynamic_shared(void);
 /* Other __shared__ arrays become function statics (blocks run one at a
