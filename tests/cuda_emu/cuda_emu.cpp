@@ -48,23 +48,53 @@ cudaError_t last_error = cudaSuccess;
 
 /* Device memory: every live cudaMalloc block by its start address, so a
  * call can tell a device pointer from a host one and see a range that runs
- * past the end of its block. Each block has pages of its own, with a page
- * that cannot be read or written right after its last byte (or, with
- * CUDA_EMU_GUARD=before, right before its first), so a kernel that steps
- * out of its block that way faults at once (see report_fault). */
+ * past the end of its block. Each block has pages of its own:
+ *  - a guard page, never readable, right after its last byte (or, with
+ *    CUDA_EMU_GUARD=before, right before its first): a kernel that steps
+ *    just out of its block faults at once;
+ *  - the block's pages are readable only while something that may touch
+ *    them runs (a kernel given a pointer into the block, or a copy, memset
+ *    or product on it): host code that reads device memory faults, as on a
+ *    GPU, and so does a kernel that reaches a block it was not given.
+ * report_fault says which of these happened. */
 struct DeviceBlock {
     size_t size;
-    char *mapping;  /* the pages holding the block and its guard page */
+    char *mapping;  /* (mapped) the block's pages and its guard page */
     size_t mapped;
+    char *pages;    /* (pages_size bytes) the pages that hold the block */
+    size_t pages_size;
 };
 std::map<const char *, DeviceBlock> device_blocks;
+std::vector<const DeviceBlock *> open_blocks;  /* readable until close_blocks() */
+bool guard_before;                             /* CUDA_EMU_GUARD=before */
 
-/* Whether [p, p + bytes) lies in one device block (bytes 0: p in [start, end]). */
-bool on_device(const void *p, size_t bytes) {
+void protect(char *pages, size_t n, int prot) {
+    if (mprotect(pages, n, prot) == 0) return;
+    perror("cuda_emu: mprotect");
+    abort();
+}
+
+/* The block holding [p, p + bytes) (bytes 0: p in [start, end]), or NULL. */
+const DeviceBlock *block_of(const void *p, size_t bytes) {
     auto next = device_blocks.upper_bound((const char *)p);
-    if (next == device_blocks.begin()) return false;
+    if (next == device_blocks.begin()) return NULL;
     auto block = std::prev(next);
-    return (const char *)p + bytes <= block->first + block->second.size;
+    return (const char *)p + bytes <= block->first + block->second.size ? &block->second : NULL;
+}
+
+bool on_device(const void *p, size_t bytes) { return block_of(p, bytes) != NULL; }
+
+/* Makes p's block readable and writable, if p is device memory. */
+void open_block(const void *p) {
+    const DeviceBlock *block = block_of(p, 0);
+    if (!block) return;
+    protect(block->pages, block->pages_size, PROT_READ | PROT_WRITE);
+    open_blocks.push_back(block);
+}
+
+void close_blocks() {
+    for (const DeviceBlock *block : open_blocks) protect(block->pages, block->pages_size, PROT_NONE);
+    open_blocks.clear();
 }
 
 [[noreturn]] void fail(const char *call, const char *what, const void *p, size_t bytes) {
@@ -77,9 +107,9 @@ void require_device(const char *call, const char *what, const void *p, size_t by
 }
 
 /* A copy's kind must say where its pointers are; a device range must lie in
- * its block. (Real CUDA leaves a mismatch undefined.) */
-void check_copy(const char *call, const void *dst, size_t dst_bytes, const void *src, size_t src_bytes,
-                cudaMemcpyKind kind) {
+ * its block. (Real CUDA leaves a mismatch undefined.) Opens the blocks. */
+void check_and_open_copy(const char *call, const void *dst, size_t dst_bytes, const void *src, size_t src_bytes,
+                         cudaMemcpyKind kind) {
     if (kind == cudaMemcpyDefault || dst_bytes == 0) return;
     bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
     bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
@@ -87,6 +117,8 @@ void check_copy(const char *call, const void *dst, size_t dst_bytes, const void 
     else if (on_device(dst, 0)) fail(call, "the destination is device memory, but the copy's kind says host", dst, dst_bytes);
     if (src_device) require_device(call, "the source is not device memory, or runs past its block", src, src_bytes);
     else if (on_device(src, 0)) fail(call, "the source is device memory, but the copy's kind says host", src, src_bytes);
+    open_block(dst);
+    open_block(src);
 }
 
 /* A column-major matrix of `rows` x `cols` with leading dimension ld spans this many floats. */
@@ -94,42 +126,45 @@ size_t matrix_extent(int rows, int cols, int ld) {
     return rows > 0 && cols > 0 ? (size_t)(cols - 1) * ld + rows : 0;
 }
 
-/* SIGSEGV: a fault in a block's guard page is a step out of the block,
- * reported with the kernel that made it; any other fault is left as it is. */
+/* SIGSEGV in a block's pages: a kernel or host code that stepped out of a
+ * block, or reached one it may not touch (see DeviceBlock). Any other fault
+ * is left as it is. */
 void report_fault(int, siginfo_t *info, void *) {
-    const char *at = (const char *)info->si_addr;
+    const char *at = (const char *)info->si_addr, *who = kernel_name ? kernel_name : "host code";
     for (auto &entry : device_blocks) {
         const char *start = entry.first;
         const DeviceBlock &block = entry.second;
         if (at < block.mapping || at >= block.mapping + block.mapped) continue;
         char report[256];
-        int len = snprintf(report, sizeof(report), "cuda_emu: %s: access at byte %ld of a cudaMalloc block of %zu "
-                           "bytes, outside it\n", kernel_name ? kernel_name : "host code", (long)(at - start),
-                           block.size);
+        int len = at >= start && at < start + block.size
+            ? snprintf(report, sizeof(report), "cuda_emu: %s: access to %s (a cudaMalloc block of %zu bytes)\n",
+                       who, kernel_name ? "a block that no argument of the kernel points into" : "device memory",
+                       block.size)
+            : snprintf(report, sizeof(report), "cuda_emu: %s: access at byte %ld of a cudaMalloc block of %zu bytes, "
+                       "outside it\n", who, (long)(at - start), block.size);
         if (write(2, report, (size_t)len) < 0) {}
         abort();
     }
-    signal(SIGSEGV, SIG_DFL);  /* not a guard page: fault again, as without the emulator */
+    signal(SIGSEGV, SIG_DFL);  /* not device memory: fault again, as without the emulator */
 }
 
-/* Where guard pages go (CUDA_EMU_GUARD=before or after, after by default),
- * and report_fault in place; once, at the first cudaMalloc. */
-bool guard_before() {
-    static int before = -1;
-    if (before < 0) {
-        const char *where = getenv("CUDA_EMU_GUARD");
-        if (where && strcmp(where, "before") != 0 && strcmp(where, "after") != 0) {
-            fprintf(stderr, "cuda_emu: CUDA_EMU_GUARD must be 'before' or 'after', not '%s'\n", where);
-            exit(1);
-        }
-        before = where && strcmp(where, "before") == 0;
-        struct sigaction on_fault;
-        memset(&on_fault, 0, sizeof(on_fault));
-        on_fault.sa_sigaction = report_fault;
-        on_fault.sa_flags = SA_SIGINFO;
-        sigaction(SIGSEGV, &on_fault, NULL);
+/* Once, at the first cudaMalloc: where guard pages go (CUDA_EMU_GUARD=before
+ * or after, after by default), and report_fault in place. */
+void setup_device_memory() {
+    static bool done;
+    if (done) return;
+    done = true;
+    const char *where = getenv("CUDA_EMU_GUARD");
+    if (where && strcmp(where, "before") != 0 && strcmp(where, "after") != 0) {
+        fprintf(stderr, "cuda_emu: CUDA_EMU_GUARD must be 'before' or 'after', not '%s'\n", where);
+        exit(1);
     }
-    return before;
+    guard_before = where && strcmp(where, "before") == 0;
+    struct sigaction on_fault;
+    memset(&on_fault, 0, sizeof(on_fault));
+    on_fault.sa_sigaction = report_fault;
+    on_fault.sa_flags = SA_SIGINFO;
+    sigaction(SIGSEGV, &on_fault, NULL);
 }
 
 void fiber_main() {
@@ -216,6 +251,7 @@ void emu_check_kernel_pointer(const char *kernel, int arg, const void *p) {
         fprintf(stderr, "cuda_emu: %s: argument %d (%p) is not device memory\n", kernel, arg + 1, p);
         abort();
     }
+    open_block(p);  /* until the launch ends */
 }
 
 EmuShared::EmuShared(void *p, size_t bytes) {
@@ -244,6 +280,7 @@ void emu_run(const char *name, const std::function<void()> &body, dim3 grid, dim
         fprintf(stderr, "cuda_emu: %s: invalid launch: grid (%u, %u, %u), block (%u, %u, %u), %zu bytes of shared "
                 "memory\n", name, grid.x, grid.y, grid.z, block.x, block.y, block.z, smem);
         last_error = cudaErrorInvalidConfiguration;
+        close_blocks();
         return;
     }
     kernel = &body;
@@ -265,6 +302,7 @@ void emu_run(const char *name, const std::function<void()> &body, dim3 grid, dim
                 run_block(n);
             }
     kernel_name = NULL;
+    close_blocks();
 }
 
 /* ------------------------------------------------------------------------ */
@@ -282,20 +320,23 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int) {
     prop->major = 9;
     return cudaSuccess;
 }
-/* A block of n bytes with its guard page (see DeviceBlock). Placed against
- * a guard after it, the block starts at a page end minus n, which keeps
- * floats, doubles and longs aligned (n is a multiple of their size). */
+/* A block of n bytes with its guard page (see DeviceBlock), NaN and closed.
+ * Placed against a guard after it, the block starts at a page end minus n,
+ * which keeps floats, doubles and longs aligned (n is a multiple of their
+ * size). */
 cudaError_t cudaMalloc(void **p, size_t n) {
-    size_t page = (size_t)sysconf(_SC_PAGESIZE), data = n > page ? (n + page - 1) / page * page : page;
-    char *mapping = (char *)mmap(NULL, data + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    setup_device_memory();
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), pages_size = n > page ? (n + page - 1) / page * page : page;
+    char *mapping = (char *)mmap(NULL, pages_size + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (mapping == MAP_FAILED) return cudaErrorMemoryAllocation;
-    char *start = guard_before() ? mapping + page : mapping + data - n;
-    if (mprotect(guard_before() ? mapping : mapping + data, page, PROT_NONE) != 0) {
-        munmap(mapping, data + page);
+    char *pages = guard_before ? mapping + page : mapping, *guard = guard_before ? mapping : mapping + pages_size;
+    char *start = guard_before ? pages : pages + pages_size - n;
+    memset(start, 0xff, n);  /* garbage, as cudaMalloc gives: NaN as floats */
+    if (mprotect(guard, page, PROT_NONE) != 0 || mprotect(pages, pages_size, PROT_NONE) != 0) {
+        munmap(mapping, pages_size + page);
         return cudaErrorMemoryAllocation;
     }
-    memset(start, 0xff, n);  /* garbage, as cudaMalloc gives: NaN as floats */
-    device_blocks[start] = DeviceBlock{n, mapping, data + page};
+    device_blocks[start] = DeviceBlock{n, mapping, pages_size + page, pages, pages_size};
     *p = start;
     return cudaSuccess;
 }
@@ -309,7 +350,9 @@ cudaError_t cudaFree(void *p) {
 }
 cudaError_t cudaMemset(void *p, int value, size_t n) {
     require_device("cudaMemset", "not device memory, or runs past its block", p, n);
+    open_block(p);
     if (n) memset(p, value, n);
+    close_blocks();
     return cudaSuccess;
 }
 /* A pitched range of `height` rows of `width` bytes spans this many bytes. */
@@ -320,20 +363,24 @@ cudaError_t cudaMemset2D(void *p, size_t pitch, int value, size_t width, size_t 
     if (width > pitch) return cudaErrorInvalidValue;
     size_t extent = pitched_extent(pitch, width, height);
     require_device("cudaMemset2D", "not device memory, or runs past its block", p, extent);
+    open_block(p);
     for (size_t r = 0; r < height; r++) memset((char *)p + r * pitch, value, width);
+    close_blocks();
     return cudaSuccess;
 }
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
-    check_copy("cudaMemcpy", dst, n, src, n, kind);
+    check_and_open_copy("cudaMemcpy", dst, n, src, n, kind);
     if (n) memmove(dst, src, n);
+    close_blocks();
     return cudaSuccess;
 }
 cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
                          cudaMemcpyKind kind) {
     if (width > dpitch || width > spitch) return cudaErrorInvalidValue;
-    check_copy("cudaMemcpy2D", dst, pitched_extent(dpitch, width, height), src, pitched_extent(spitch, width, height),
+    check_and_open_copy("cudaMemcpy2D", dst, pitched_extent(dpitch, width, height), src, pitched_extent(spitch, width, height),
                kind);
     for (size_t r = 0; r < height; r++) memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    close_blocks();
     return cudaSuccess;
 }
 cudaError_t cudaGetLastError(void) { cudaError_t err = last_error; last_error = cudaSuccess; return err; }
@@ -374,6 +421,9 @@ cublasStatus_t cublasSgemm(cublasHandle_t, cublasOperation_t ta, cublasOperation
                    matrix_extent(rows_B, cols_B, ldb) * sizeof(float));
     require_device("cublasSgemm", "C is not device memory, or runs past its block", C,
                    matrix_extent(m, n, ldc) * sizeof(float));
+    open_block(A);
+    open_block(B);
+    open_block(C);
     for (int j = 0; j < n; j++)
         for (int i = 0; i < m; i++) C[(size_t)j * ldc + i] = *beta == 0.0f ? 0.0f : *beta * C[(size_t)j * ldc + i];
     int half = k / 2;  /* op(A) columns and op(B) rows [0, half), then [half, k) */
@@ -384,6 +434,7 @@ cublasStatus_t cublasSgemm(cublasHandle_t, cublasOperation_t ta, cublasOperation
     if (half > 0) cblas_sgemm(CblasColMajor, op_A, op_B, m, n, half, *alpha, A, lda, B, ldb, 1.0f, C, ldc);
     if (k - half > 0)
         cblas_sgemm(CblasColMajor, op_A, op_B, m, n, k - half, *alpha, A_rest, lda, B_rest, ldb, 1.0f, C, ldc);
+    close_blocks();
     return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -2,8 +2,9 @@
  * reads another thread's write without a barrier sees NaN; a barrier some
  * threads skip, a host pointer given to a kernel, a copy whose kind does not
  * match its pointers, a copy or a cuBLAS matrix past the end of its block,
- * and a cudaFree of something cudaMalloc never gave all abort with a
- * sentence; a bad launch shape and bad leading dimensions are errors, as on
+ * a cudaFree of something cudaMalloc never gave, host code reading device
+ * memory, and a kernel reading outside the blocks its arguments point into
+ * all abort with a sentence; a bad launch shape and bad leading dimensions are errors, as on
  * a GPU. Each misuse runs in a child process, whose stderr must hold the
  * emulator's sentence. Built for the emulator only (make test-cuda-emu). */
 #include <cuda_runtime.h>
@@ -46,8 +47,8 @@ __global__ void skipped_barrier_kernel(float *out) {
 __global__ void fill_kernel(float *out, float value) { out[threadIdx.x] = value; }
 
 /* out[i] = in[i + shift]: out of `in`'s block for shift != 0. */
-__global__ void shifted_copy_kernel(float *out, const float *in, int shift) {
-    out[threadIdx.x] = in[(int)threadIdx.x + shift];
+__global__ void shifted_copy_kernel(float *out, const float *in, long shift) {
+    out[threadIdx.x] = in[(long)threadIdx.x + shift];
 }
 
 static float *device_floats(size_t n) {
@@ -148,13 +149,25 @@ static int gemm_past_the_block(void) {
     return 0;
 }
 
-static int shifted_copy(int shift) {
+static int shifted_copy(long shift) {
     float *in = device_floats(N), *out = device_floats(N);
     shifted_copy_kernel<<<1, N>>>(out, in, shift);
     return 0;
 }
 static int read_after_the_end(void) { return shifted_copy(1); }
 static int read_before_the_start(void) { return shifted_copy(-1); }
+
+/* A kernel given a pointer into one block that reads another. */
+static int read_another_block(void) {
+    float *in = device_floats(N), *other = device_floats(N), *out = device_floats(N);
+    shifted_copy_kernel<<<1, N>>>(out, in, (long)(other - in));
+    return 0;
+}
+
+static int host_reads_device_memory(void) {
+    volatile float *dev = device_floats(N);
+    return dev[0] == 0.0f;
+}
 
 static int free_inside_a_block(void) {
     float *dev = device_floats(N);
@@ -193,6 +206,9 @@ int main(void) {
     check_misuse("cudaMemset one float past the block: abort", memset_past_the_block, 1, "runs past its block");
     check_misuse("cublasSgemm whose C runs past its block: abort", gemm_past_the_block, 1, "C is not device");
     check_misuse("cudaFree inside a block: abort", free_inside_a_block, 1, "not the start");
+    check_misuse("host code reading device memory: abort", host_reads_device_memory, 1, "host code: access to device memory");
+    check_misuse("a kernel reading a block none of its arguments is in: abort", read_another_block, 1,
+                 "a block that no argument of the kernel points into");
     const char *guard = getenv("CUDA_EMU_GUARD");  /* one side of each block is guarded in a run */
     if (guard && strcmp(guard, "before") == 0)
         check_misuse("a kernel reading in[-1]: abort", read_before_the_start, 1, "byte -4 of a cudaMalloc block of 256 bytes");
