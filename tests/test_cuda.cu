@@ -2,10 +2,12 @@
  * (nectar.c, linked through tests/test_cuda_ref.c), on odd sizes (37
  * queries, 17 keys), on realistic ones (128 queries x 4096 keys, 40000-key
  * decode), for GQA ratios 1 and above 1, with empty (nk = 0) and one-key
- * documents and causal rows that see nothing; then the module backward,
- * the fitting loop (GPU-trained against CPU-trained modules), the whole
- * forward pass (GPU logits against CPU logits) and the backward pass
- * (module gradients through the whole model).
+ * documents and causal rows that see nothing, and scores past expf's range;
+ * then the module backward, gradient clipping, the fitting loop
+ * (GPU-trained against CPU-trained modules), the whole forward pass (GPU
+ * logits against CPU logits) and the backward pass (module gradients
+ * through the whole model). Gradients that accumulate start at random
+ * values on both sides, so a kernel that overwrites them fails.
  *
  * Device outputs start as NaN, so an element a kernel forgets fails. Every
  * check prints its max abs and max rel error; the last line is "N passed,
@@ -54,17 +56,18 @@ static float *download(const float *dev, size_t n) {
 /* ------------------------------------------------------------------------ */
 /* Row-wise and elementwise ops                                             */
 
-static void test_rmsnorm(int rows, int n) {
+/* x_std 1e-3 makes mean(x^2) small next to the 1e-5 under the root. */
+static void test_rmsnorm(int rows, int n, float x_std) {
     char what[128];
     uint64_t rng = 11 + rows + n;
     float *x = host_floats((size_t)rows * n), *w = host_floats(n), *ref = host_floats((size_t)rows * n);
-    fill_normal(x, (size_t)rows * n, 2.0f, &rng);
+    fill_normal(x, (size_t)rows * n, x_std, &rng);
     fill_normal(w, n, 1.0f, &rng);
     for (int r = 0; r < rows; r++) ref_rmsnorm(ref + (size_t)r * n, x + (size_t)r * n, w, n);
     float *x_d = upload(x, (size_t)rows * n), *w_d = upload(w, n), *o_d = device_nan((size_t)rows * n);
     rmsnorm_cuda(o_d, x_d, w_d, rows, n);
     float *got = download(o_d, (size_t)rows * n);
-    snprintf(what, sizeof(what), "rmsnorm %d rows x %d", rows, n);
+    snprintf(what, sizeof(what), "rmsnorm %d rows x %d, x std %g", rows, n, x_std);
     check_close_f(what, got, ref, (size_t)rows * n, 1e-5, 1e-4);
     free(got);
     rmsnorm_cuda(x_d, x_d, w_d, rows, n);  /* in place, as o may alias x */
@@ -127,14 +130,16 @@ typedef void AttentionStatesFn(int nq, int nk, int d, const float *q, int ldq, c
 
 /* nq queries of H heads (nq, H d) against nk keys of G heads (nk, G d),
  * every head read in place with its stride, as local_states and
- * document_states_exact call it; each kernel version in turn. */
-static void test_attention(int nq, int nk, int d, int H, int G, int visible) {
+ * document_states_exact call it; each kernel version in turn. Scores have
+ * std q_std: 60 puts them past 88, where expf overflows unless the row's
+ * maximum is taken out first. */
+static void test_attention(int nq, int nk, int d, int H, int G, int visible, float q_std) {
     char what[160], tag[96];
     int D = H * d, KVD = G * d, group = H / G;
     size_t nS = (size_t)nq * nk;  /* one head's scores */
     uint64_t rng = 41 + nq * 7 + nk + d + H;
     float *q = host_floats((size_t)nq * D), *k = host_floats((size_t)nk * KVD), *v = host_floats((size_t)nk * KVD);
-    fill_normal(q, (size_t)nq * D, 2.0f, &rng);
+    fill_normal(q, (size_t)nq * D, q_std, &rng);
     fill_normal(k, (size_t)nk * KVD, 1.0f, &rng);
     fill_normal(v, (size_t)nk * KVD, 1.0f, &rng);
     float *A = host_floats((size_t)nq * D), *lse = host_floats((size_t)nq * H), *scores = host_floats(H * nS);
@@ -154,7 +159,8 @@ static void test_attention(int nq, int nk, int d, int H, int G, int visible) {
         }
         float *gA = download(A_d, (size_t)nq * D), *glse = download(lse_d, (size_t)nq * H);
         float *gS = download(scores_d, H * nS);
-        snprintf(tag, sizeof(tag), "v%d %dq x %dk d%d H%d G%d visible %d", ver + 1, nq, nk, d, H, G, visible);
+        snprintf(tag, sizeof(tag), "v%d %dq x %dk d%d H%d G%d visible %d%s", ver + 1, nq, nk, d, H, G, visible,
+                 q_std > 10 ? ", large scores" : "");
         snprintf(what, sizeof(what), "attention %s: A", tag);
         check_close_f(what, gA, A, (size_t)nq * D, 1e-5, 1e-4);
         snprintf(what, sizeof(what), "attention %s: lse", tag);
@@ -169,13 +175,13 @@ static void test_attention(int nq, int nk, int d, int H, int G, int visible) {
 }
 
 /* One query per head (H, d) over nk keys (nk, G d): the split-KV decode
- * against the CPU's single softmax over all keys. */
-static void test_decode(int H, int G, int nk, int d) {
+ * against the CPU's single softmax over all keys (q_std as in test_attention). */
+static void test_decode(int H, int G, int nk, int d, float q_std) {
     char what[160], tag[96];
     int KVD = G * d, group = H / G, chunks = attention_decode_chunks_cuda(nk);
     uint64_t rng = 53 + H + nk + d;
     float *q = host_floats((size_t)H * d), *k = host_floats((size_t)nk * KVD), *v = host_floats((size_t)nk * KVD);
-    fill_normal(q, (size_t)H * d, 2.0f, &rng);
+    fill_normal(q, (size_t)H * d, q_std, &rng);
     fill_normal(k, (size_t)nk * KVD, 1.0f, &rng);
     fill_normal(v, (size_t)nk * KVD, 1.0f, &rng);
     float *A = host_floats((size_t)H * d), *lse = host_floats(H), *scores = host_floats(nk);
@@ -189,7 +195,8 @@ static void test_decode(int H, int G, int nk, int d) {
     float *part_A = device_nan((size_t)H * chunks * d), *part_lse = device_nan((size_t)H * chunks);
     attention_states_decode_cuda(H, G, nk, d, q_d, k_d, v_d, KVD, A_d, lse_d, part_A, part_lse);
     float *gA = download(A_d, (size_t)H * d), *glse = download(lse_d, H);
-    snprintf(tag, sizeof(tag), "H%d G%d, %d keys (%d chunks), d%d", H, G, nk, chunks, d);
+    snprintf(tag, sizeof(tag), "H%d G%d, %d keys (%d chunks), d%d%s", H, G, nk, chunks, d,
+             q_std > 10 ? ", large scores" : "");
     snprintf(what, sizeof(what), "decode %s: A", tag);
     check_close_f(what, gA, A, (size_t)H * d, 1e-5, 1e-4);
     snprintf(what, sizeof(what), "decode %s: lse", tag);
@@ -243,7 +250,8 @@ static void test_merge(int n, int d) {
 
 /* nq queries against nk keys, one head: the gradients of a random loss
  * through attention_states, CPU against GPU (rows 0.. of a causal case see
- * nothing, and must get no gradient). */
+ * nothing, and must get no gradient). dq, dk, dv accumulate: both sides
+ * start them at the same random values. */
 static void test_attention_backward(int nq, int nk, int d, int visible, int with_dlse) {
     char what[160], tag[96];
     uint64_t rng = 83 + nq + nk + d;
@@ -254,13 +262,13 @@ static void test_attention_backward(int nq, int nk, int d, int visible, int with
     fill_normal(dA, nqd, 1.0f, &rng); fill_normal(dlse, nq, 1.0f, &rng);
     float *A = host_floats(nqd), *lse = host_floats(nq), *scores = host_floats(nS), *tmp = host_floats(nS);
     float *dq = host_floats(nqd), *dk = host_floats(nkd), *dv = host_floats(nkd);
+    fill_normal(dq, nqd, 1.0f, &rng); fill_normal(dk, nkd, 1.0f, &rng); fill_normal(dv, nkd, 1.0f, &rng);
+    float *dq_d = upload(dq, nqd), *dk_d = upload(dk, nkd), *dv_d = upload(dv, nkd);
     attention_states(nq, nk, d, q, d, k, v, d, visible, A, d, lse, 1, scores);
     attention_states_backward(nq, nk, d, q, d, k, v, d, A, dA, d, with_dlse ? dlse : NULL, 1, scores, dq, dk, dv, tmp);
     float *q_d = upload(q, nqd), *k_d = upload(k, nkd), *v_d = upload(v, nkd), *dA_d = upload(dA, nqd);
     float *dlse_d = upload(dlse, nq), *A_d = device_nan(nqd), *lse_d = device_nan(nq), *scores_d = device_nan(nS);
     float *tmp_d = device_nan(nS);
-    float *dq_d = (float *)cuda_xmalloc(nqd * sizeof(float));  /* gradients accumulate: start at 0 */
-    float *dk_d = (float *)cuda_xmalloc(nkd * sizeof(float)), *dv_d = (float *)cuda_xmalloc(nkd * sizeof(float));
     attention_states_cuda(nq, nk, d, q_d, d, k_d, v_d, d, visible, A_d, d, lse_d, 1, scores_d);
     attention_states_backward_cuda(nq, nk, d, q_d, d, k_d, v_d, d, A_d, dA_d, d, with_dlse ? dlse_d : NULL, 1,
                                    scores_d, dq_d, dk_d, dv_d, tmp_d);
@@ -284,8 +292,9 @@ static void test_attention_backward(int nq, int nk, int d, int visible, int with
 /* A set of 2 layers x 2 KV heads (layer 1 modules one size larger), every
  * parameter random. Module 0 alone, then layer 1's two modules in one batch,
  * run N queries each forward and backward on the CPU and on the GPU: the
- * outputs, every parameter gradient and dq must agree. size: w (MLP) or p
- * (quadrature). */
+ * outputs, every parameter gradient and dq must agree. Parameter gradients
+ * accumulate: both sides start them at the same random values. size: w
+ * (MLP) or p (quadrature). */
 static void test_module(ModuleArch arch, int d, int size, int Db, int Ds, int Dt, int N, float input_scale) {
     char what[200], tag[128];
     ModuleSet s, s_d;
@@ -306,7 +315,9 @@ static void test_module(ModuleArch arch, int d, int size, int Db, int Ds, int Dt
     fill_normal(dA, 2 * nd, 1.0f, &rng);
     ModuleWork work, work_d;
     modulework_alloc(&work, &s, N);
+    fill_normal(s.grads, s.n_params, 1.0f, &rng);
     moduleset_upload_cuda(&s_d, &s, 1);
+    CUDA_CHECK(cudaMemcpy(s_d.grads, s.grads, s.n_params * sizeof(float), cudaMemcpyHostToDevice));
     modulework_alloc_cuda(&work_d, &s, 2 * N);
     float *q_d = upload(q, 2 * nd), *da_d = upload(da, 2 * N), *dA_d = upload(dA, 2 * nd);
     float *a_d = device_nan(2 * N), *A_d = device_nan(2 * nd), *dq_d = device_nan(2 * nd);
@@ -335,7 +346,7 @@ static void test_module(ModuleArch arch, int d, int size, int Db, int Ds, int Dt
         check_close_f(what, gdq, dq, count * nd, 1e-4, 1e-3);
         free(ga); free(gA); free(gdq);
     }
-    /* every gradient: modules 0, 2, 3 got one, module 1 none (zero on both) */
+    /* every gradient: modules 0, 2, 3 added theirs, module 1 none (its start on both) */
     float *gg = download(s_d.grads, s.n_params);
     snprintf(what, sizeof(what), "gradients %s", tag);
     check_close_f(what, gg, s.grads, s.n_params, 1e-4, 1e-3);
@@ -353,11 +364,12 @@ static void test_module(ModuleArch arch, int d, int size, int Db, int Ds, int Dt
 /* ------------------------------------------------------------------------ */
 /* Fitting                                                                  */
 
-/* `steps` steps of the fitting loop (regression gradients, clipping at 1,
- * AdamW) on a tiny set of L = 2 layers x G = 2 modules, H = 4 heads, over
- * random targets, on the CPU and the GPU from the same start: the losses
- * and norms of every step and the final parameters must agree. */
-static void test_fit(ModuleArch arch, int d, int size, int B, int steps) {
+/* `steps` steps of the fitting loop (regression gradients weighted by
+ * lambda_A, clipping at 1, AdamW with beta2) on a tiny set of L = 2 layers
+ * x G = 2 modules, H = 4 heads, over random targets, on the CPU and the GPU
+ * from the same start: the losses and norms of every step and the final
+ * parameters must agree. */
+static void test_fit(ModuleArch arch, int d, int size, int B, int steps, float lambda_A, float beta2) {
     char what[160], tag[96];
     const int L = 2, G = 2, H = 4, P = 61, D = H * d;
     int sizes[2] = { size, size + 2 };
@@ -385,15 +397,16 @@ static void test_fit(ModuleArch arch, int d, int size, int B, int steps) {
         for (int i = 0; i < B; i++) b.pos[i] = b_d.pos[i] = (long)(rng_u32(&rng) % P);
         memset(s.grads, 0, s.n_params * sizeof(float));
         CUDA_CHECK(cudaMemset(s_d.grads, 0, s.n_params * sizeof(float)));
-        double loss = regression_grads(&s, &work, &b, &t, H, lambda_alpha, 1.0f);
-        double loss_d = regression_grads_cuda(&s_d, &work_d, &b_d, &t_d, H, lambda_alpha, 1.0f);
+        double loss = regression_grads(&s, &work, &b, &t, H, lambda_alpha, lambda_A);
+        double loss_d = regression_grads_cuda(&s_d, &work_d, &b_d, &t_d, H, lambda_alpha, lambda_A);
         double norm = clip_grad_norm(s.grads, s.n_params, 1.0), norm_d = clip_grad_norm_cuda(s_d.grads, s.n_params, 1.0);
-        adamw_update(s.params, s.grads, m, v, s.n_params, step, lr, wd, ADAM_BETA2);
-        adamw_update_cuda(s_d.params, s_d.grads, m_d, v_d, s.n_params, step, lr, wd, ADAM_BETA2);
+        adamw_update(s.params, s.grads, m, v, s.n_params, step, lr, wd, beta2);
+        adamw_update_cuda(s_d.params, s_d.grads, m_d, v_d, s.n_params, step, lr, wd, beta2);
         max_loss_rel = fmax(max_loss_rel, fabs(loss_d - loss) / fabs(loss));
         max_norm_rel = fmax(max_norm_rel, fabs(norm_d - norm) / norm);
     }
-    snprintf(tag, sizeof(tag), "%s d%d size %d, batch %d, %d steps", arch == ARCH_MLP ? "MLP" : "quadrature", d, size, B, steps);
+    snprintf(tag, sizeof(tag), "%s d%d size %d, batch %d, %d steps, lambda_A %g, beta2 %g",
+             arch == ARCH_MLP ? "MLP" : "quadrature", d, size, B, steps, lambda_A, beta2);
     printf("  fit %s: losses within %.1e, gradient norms within %.1e (relative)\n", tag, max_loss_rel, max_norm_rel);
     snprintf(what, sizeof(what), "fit %s: loss and norm every step", tag);
     check(what, max_loss_rel < 1e-4 && max_norm_rel < 1e-4);
@@ -407,6 +420,31 @@ static void test_fit(ModuleArch arch, int d, int size, int B, int steps) {
     fittargets_free_cuda(&t_d);
     moduleset_free_cuda(&s_d);
     moduleset_free(&s);
+}
+
+/* clip_grad_norm_cuda against clip_grad_norm on n random gradients scaled
+ * to the given norm, clipped at 1: the norm it returns, and the gradients
+ * after (below the limit, untouched bit for bit). */
+static void test_clip(size_t n, double norm) {
+    char what[160];
+    uint64_t rng = 151 + n;
+    float *g = host_floats(n);
+    fill_normal(g, n, 1.0f, &rng);
+    double sum_sq = 0;
+    for (size_t i = 0; i < n; i++) sum_sq += (double)g[i] * g[i];
+    for (size_t i = 0; i < n; i++) g[i] *= (float)(norm / sqrt(sum_sq));
+    float *g_d = upload(g, n), *before = host_floats(n);
+    memcpy(before, g, n * sizeof(float));
+    double norm_cpu = clip_grad_norm(g, n, 1.0), norm_gpu = clip_grad_norm_cuda(g_d, n, 1.0);
+    float *got = download(g_d, n);
+    snprintf(what, sizeof(what), "clip_grad_norm %zu gradients of norm %g: the norm (CPU %.9g, GPU %.9g)", n, norm,
+             norm_cpu, norm_gpu);
+    check(what, fabs(norm_gpu - norm_cpu) <= 1e-6 * norm_cpu);
+    snprintf(what, sizeof(what), "clip_grad_norm %zu gradients of norm %g: the gradients", n, norm);
+    if (norm_cpu <= 1.0) check(what, memcmp(got, before, n * sizeof(float)) == 0);
+    else check_close_f(what, got, g, n, 1e-7, 1e-5);
+    free(g); free(before); free(got);
+    CUDA_CHECK(cudaFree(g_d));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -516,7 +554,7 @@ static double max_abs(const float *x, size_t n) {
 }
 
 /* The backward pass behind train --gpu's KL term: a prompt after the
- * document (exact, Nectar MLP, Nectar quadrature), random dlogits; the GPU's
+ * document (exact, Nectar MLP, Nectar quadrature, none), random dlogits; the GPU's
  * module gradients and dL/d(layer 0's input) against the CPU's. These
  * gradients are sums with cancellation: entries 1000 times smaller than the
  * largest carry the rounding of terms as large as it (on the CPU alone,
@@ -535,7 +573,7 @@ static void test_backward(Config c, int n_doc, int ntok) {
     fill_normal(dlogits, (size_t)ntok * V, 0.1f, &rng);
     snprintf(tag, sizeof(tag), "D%d L%d H%d G%d, document %d, prompt %d", c.dim, c.n_layers, c.n_heads,
              c.n_kv_heads, n_doc, ntok);
-    for (int r = 0; r < 3; r++) {
+    for (int r = 0; r < 4; r++) {
         const Document *doc = &f.docs[r].cpu, *doc_d = &f.docs[r].gpu;
         RunState s;
         RunStateCuda s_d;
@@ -588,9 +626,10 @@ int main(void) {
     printf("device: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
 
     printf("rmsnorm, rope, swiglu\n");
-    test_rmsnorm(37, 37);
-    test_rmsnorm(37, 288);
-    test_rmsnorm(128, 4096);
+    test_rmsnorm(37, 37, 2.0f);
+    test_rmsnorm(37, 288, 2.0f);
+    test_rmsnorm(37, 288, 1e-3f);  /* the 1e-5 matters */
+    test_rmsnorm(128, 4096, 2.0f);
     test_rope(37, 3, 16, 0, 0, 1.0f);
     test_rope(37, 5, 32, 7, 4000, 1.0f);     /* strided rows, a far position */
     test_rope(128, 8, 64, 0, 1000, -1.0f);   /* rotating back */
@@ -599,27 +638,29 @@ int main(void) {
     test_swiglu((size_t)128 * 11008);
 
     printf("attention states (strided heads, causal rule)\n");
-    test_attention(37, 17, 16, 1, 1, 17);     /* odd sizes, GQA 1 */
-    test_attention(37, 17, 32, 4, 2, -5);     /* GQA 2; rows 0..5 see nothing */
-    test_attention(37, 17, 16, 3, 3, 100);    /* visible past nk */
-    test_attention(37, 17, 48, 2, 1, 17);     /* head size not dividing the block */
-    test_attention(9, 33, 256, 2, 2, 33);     /* the largest head size v1 takes */
-    test_attention(5, 0, 16, 2, 1, 0);        /* empty document: (0, -inf) */
-    test_attention(7, 1, 32, 2, 2, 1);        /* one-key document */
-    test_attention(7, 1, 16, 4, 1, -2);       /* one key, first rows empty */
-    test_attention(37, 513, 128, 2, 1, 513);
-    test_attention(128, 4096, 64, 4, 1, 4096);       /* realistic document, GQA 4 */
-    test_attention(128, 4096 + 128, 64, 4, 2, 4097); /* local state of a block at pos 4096 */
+    test_attention(37, 17, 16, 1, 1, 17, 2.0f);          /* odd sizes, GQA 1 */
+    test_attention(37, 17, 32, 4, 2, -5, 2.0f);          /* GQA 2; rows 0..5 see nothing */
+    test_attention(37, 17, 16, 3, 3, 100, 2.0f);         /* visible past nk */
+    test_attention(37, 17, 48, 2, 1, 17, 2.0f);          /* head size not dividing the block */
+    test_attention(9, 33, 256, 2, 2, 33, 2.0f);          /* the largest head size v1 takes */
+    test_attention(5, 0, 16, 2, 1, 0, 2.0f);             /* empty document: (0, -inf) */
+    test_attention(7, 1, 32, 2, 2, 1, 2.0f);             /* one-key document */
+    test_attention(7, 1, 16, 4, 1, -2, 2.0f);            /* one key, first rows empty */
+    test_attention(37, 513, 128, 2, 1, 513, 2.0f);
+    test_attention(128, 4096, 64, 4, 1, 4096, 2.0f);     /* realistic document, GQA 4 */
+    test_attention(128, 4096 + 128, 64, 4, 2, 4097, 2.0f); /* local state of a block at pos 4096 */
+    test_attention(37, 17, 32, 4, 2, 17, 60.0f);         /* scores past expf's range */
 
     printf("split-KV decode (chunk states merged by log-sum-exp)\n");
-    test_decode(4, 4, 0, 16);        /* empty document */
-    test_decode(4, 2, 1, 32);        /* one key */
-    test_decode(3, 1, 17, 16);
-    test_decode(8, 2, 256, 64);      /* exactly one chunk */
-    test_decode(8, 2, 257, 64);      /* one key into the second chunk */
-    test_decode(8, 8, 4096, 64);
-    test_decode(32, 8, 40000, 128);  /* long document, GQA 4 */
-    test_decode(4, 2, 300, 256);     /* the largest head size, two chunks */
+    test_decode(4, 4, 0, 16, 2.0f);          /* empty document */
+    test_decode(4, 2, 1, 32, 2.0f);          /* one key */
+    test_decode(3, 1, 17, 16, 2.0f);
+    test_decode(8, 2, 256, 64, 2.0f);        /* exactly one chunk */
+    test_decode(8, 2, 257, 64, 2.0f);        /* one key into the second chunk */
+    test_decode(8, 8, 4096, 64, 2.0f);
+    test_decode(32, 8, 40000, 128, 2.0f);    /* long document, GQA 4 */
+    test_decode(4, 2, 300, 256, 2.0f);       /* the largest head size, two chunks */
+    test_decode(8, 2, 600, 64, 60.0f);       /* scores past expf's range, three chunks */
 
     printf("merge_states\n");
     test_merge(37 * 3, 16);
@@ -643,9 +684,13 @@ int main(void) {
     test_module(ARCH_QUAD, 32, 1, 0, 0, 0, 7, 1.0f);   /* one pair */
     test_module(ARCH_QUAD, 64, 409, 0, 0, 0, 512, 1.0f);
 
-    printf("fitting: regression gradients, clipping, AdamW\n");
-    test_fit(ARCH_MLP, 16, 37, 17, 12);
-    test_fit(ARCH_QUAD, 16, 13, 9, 12);
+    printf("fitting: clipping alone, then regression gradients, clipping, AdamW\n");
+    test_clip(37, 0.5);
+    test_clip(37, 3.0);
+    test_clip(300000, 0.5);  /* more than the 256 blocks x 256 threads of the sum */
+    test_clip(300000, 3.0);
+    test_fit(ARCH_MLP, 16, 37, 17, 12, 0.5f, ADAM_BETA2);
+    test_fit(ARCH_QUAD, 16, 13, 9, 12, 2.0f, 0.95f);  /* pretraining's beta2 */
 
     printf("forward pass: prefill, exact / Nectar / no-document decode\n");
     Config small = {64, 96, 2, 4, 2, 67, 256};    /* GQA 2, odd vocabulary */
