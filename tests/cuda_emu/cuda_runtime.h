@@ -9,7 +9,8 @@
  * live thread of the block waits there, a shuffle when every live lane of
  * the warp does. Anything else (a barrier some threads never reach) is
  * reported. Each pass over a block's fibers runs them in the opposite order
- * of the pass before. Device memory is host memory. */
+ * of the pass before. Device memory is host memory, each cudaMalloc block
+ * on pages of its own, readable only while in use (see cuda_emu.cpp). */
 #ifndef CUDA_EMU_RUNTIME_H
 #define CUDA_EMU_RUNTIME_H
 
@@ -39,7 +40,8 @@ void emu_launch(const char *name, F body, G grid, B block, size_t smem = 0) {
     emu_run(name, body, dim3(grid), dim3(block), smem);
 }
 /* Before a launch: every pointer argument must be NULL or point into (or
- * just past) a cudaMalloc block, as a kernel cannot read host memory. */
+ * just past) a cudaMalloc block, as a kernel cannot read host memory; those
+ * blocks are readable until the launch ends, and no other block is. */
 void emu_check_kernel_pointer(const char *kernel, int arg, const void *p);
 template <class T> void emu_check_kernel_arg(const char *kernel, int arg, const T &value) {
     if constexpr (std::is_pointer<std::decay_t<T>>::value) emu_check_kernel_pointer(kernel, arg, (const void *)value);
