@@ -110,13 +110,19 @@ void require_device(const char *call, const char *what, const void *p, size_t by
  * its block. (Real CUDA leaves a mismatch undefined.) Opens the blocks. */
 void check_and_open_copy(const char *call, const void *dst, size_t dst_bytes, const void *src, size_t src_bytes,
                          cudaMemcpyKind kind) {
-    if (kind == cudaMemcpyDefault || dst_bytes == 0) return;
-    bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
-    bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
-    if (dst_device) require_device(call, "the destination is not device memory, or runs past its block", dst, dst_bytes);
-    else if (on_device(dst, 0)) fail(call, "the destination is device memory, but the copy's kind says host", dst, dst_bytes);
-    if (src_device) require_device(call, "the source is not device memory, or runs past its block", src, src_bytes);
-    else if (on_device(src, 0)) fail(call, "the source is device memory, but the copy's kind says host", src, src_bytes);
+    if (dst_bytes == 0) return;
+    if (kind != cudaMemcpyDefault) {  /* Default: wherever the pointers are */
+        bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+        bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+        if (dst_device) require_device(call, "the destination is not device memory, or runs past its block", dst,
+                                       dst_bytes);
+        else if (on_device(dst, 0)) fail(call, "the destination is device memory, but the copy's kind says host", dst,
+                                         dst_bytes);
+        if (src_device) require_device(call, "the source is not device memory, or runs past its block", src,
+                                       src_bytes);
+        else if (on_device(src, 0)) fail(call, "the source is device memory, but the copy's kind says host", src,
+                                         src_bytes);
+    }
     open_block(dst);
     open_block(src);
 }

@@ -194,6 +194,10 @@ int main(void) {
                            : "shared memory read without __syncthreads: NaN seen", with_barrier ? exact : any_nan);
     }
 
+    cudaMemcpy(out, in, sizeof(host_in), cudaMemcpyDefault);  /* device to device, found from the pointers */
+    cudaMemcpy(host_out, out, sizeof(host_out), cudaMemcpyDefault);
+    check("cudaMemcpyDefault device to device, then to host", memcmp(host_out, host_in, sizeof(host_in)) == 0);
+
     check_misuse("a launch of 1025 threads: invalid configuration", launch_too_many_threads, 0, "invalid launch");
     check_misuse("cublasSgemm with lda < m: invalid value", gemm_with_short_lda, 0, "lda 4");
     check_misuse("__syncthreads skipped by a returning thread: abort", launch_skipped_barrier, 1,
