@@ -716,6 +716,82 @@ static void test_kl_gradients(void) {
 }
 
 /* clip_grad_norm and adamw_update against their closed forms. */
+/* The regression loss of train.c over every module, in doubles, from the
+ * definition: module g of layer l sees head h = g (H/G) + j at each batch
+ * position, and
+ *   L = sum_(l, g) [lambda_alpha mean (a - alpha)^2 + lambda_A mean ||A_theta - A||^2]
+ * with means over the module's N = B (H/G) queries. */
+static double naive_regression_loss(const ModuleSet *s, const double *params, const FitTargets *t,
+                                    const long *pos, int B, int H, double lambda_alpha, double lambda_A) {
+    int L = s->n_layers, G = s->n_kv_heads, d = s->head_size, group = H / G, N = B * group;
+    double loss = 0, a, A[256];
+    for (int l = 0; l < L; l++)
+        for (int g = 0; g < G; g++) {
+            const Module *mod = &s->modules[l * G + g];
+            for (int bi = 0; bi < B; bi++)
+                for (int j = 0; j < group; j++) {
+                    int h = g * group + j;
+                    size_t at = (size_t)l * t->P + pos[bi];
+                    naive_module(s, mod, params + (mod->params - s->params), t->q + at * H * d + (size_t)h * d,
+                                 &a, A);
+                    double ea = a - t->alpha[at * H + h], eA = 0;
+                    for (int c = 0; c < d; c++) {
+                        double e = A[c] - t->A[at * H * d + (size_t)h * d + c];
+                        eA += e * e;
+                    }
+                    loss += (lambda_alpha * ea * ea + lambda_A * eA) / N;
+                }
+        }
+    return loss;
+}
+
+/* regression_grads (gather, loss weights, every module's backward) against
+ * the definition above: its loss, and its gradient by central differences. */
+static void test_regression_loss(ModuleArch arch) {
+    enum { L = 2, G = 2, H = 6, d = 8, P = 5, B = 3 };
+    printf("regression loss over all modules, %s, GQA %d/%d\n", arch == ARCH_MLP ? "MLP" : "quadrature", H, G);
+    int sizes[L] = {4, 3};
+    ModuleSet s;
+    moduleset_alloc(&s, arch, L, G, d, 1, 1, 1, sizes, 1);
+    uint64_t rng = 5;
+    fill_normal(s.params, s.n_params, 0.4f, &rng);
+    for (int i = 0; i < L * G; i++) s.modules[i].input_scale = 0.5f + 0.1f * i;
+    float q[L * P * H * d], A_t[L * P * H * d], alpha_t[L * P * H];
+    fill_normal(q, L * P * H * d, 1.0f, &rng);
+    fill_normal(A_t, L * P * H * d, 1.0f, &rng);
+    fill_normal(alpha_t, L * P * H, 2.0f, &rng);
+    FitTargets t = {P, q, A_t, alpha_t};
+    FitBatch b;
+    fitbatch_alloc(&b, &s, H, B);
+    long pos[B] = {3, 0, 3};  /* a position drawn twice counts twice */
+    memcpy(b.pos, pos, sizeof pos);
+    ModuleWork w;
+    modulework_alloc(&w, &s, b.N);
+    const float lambda_alpha = 0.3f, lambda_A = 1.7f;
+    memset(s.grads, 0, s.n_params * sizeof(float));
+    double loss = regression_grads(&s, &w, &b, &t, H, lambda_alpha, lambda_A);
+
+    double *params = xmalloc(s.n_params * sizeof(double)), *fd = xmalloc(s.n_params * sizeof(double));
+    for (size_t i = 0; i < s.n_params; i++) params[i] = s.params[i];
+    double want = naive_regression_loss(&s, params, &t, pos, B, H, lambda_alpha, lambda_A);
+    printf("    loss %.9g, by the definition %.9g\n", loss, want);
+    check("loss equals the definition (rel 1e-5)", fabs(loss - want) <= 1e-5 * fabs(want));
+    /* dL/dtheta_i = (L(+h) - L(-h)) / 2h */
+    const double h = 1e-6;
+    for (size_t i = 0; i < s.n_params; i++) {
+        double keep = params[i];
+        params[i] = keep + h; double up = naive_regression_loss(&s, params, &t, pos, B, H, lambda_alpha, lambda_A);
+        params[i] = keep - h; double down = naive_regression_loss(&s, params, &t, pos, B, H, lambda_alpha, lambda_A);
+        params[i] = keep;
+        fd[i] = (up - down) / (2 * h);
+    }
+    check_close("gradient of every module vs finite differences", s.grads, fd, s.n_params, 1e-5, 1e-3);
+    free(params); free(fd);
+    modulework_free(&w);
+    fitbatch_free(&b);
+    moduleset_free(&s);
+}
+
 static void test_optimizer_steps(void) {
     printf("gradient clipping and AdamW against closed forms\n");
     float g[2] = {3, 4};
@@ -883,6 +959,8 @@ int main(void) {
     test_tokenizer();
     test_op_backward();
     test_kl_gradients();
+    test_regression_loss(ARCH_MLP);
+    test_regression_loss(ARCH_QUAD);
     test_optimizer_steps();
     test_evaluate();
     printf("%d passed, %d failed\n", n_passed, n_failed);
