@@ -251,6 +251,11 @@ int main(int argc, char **argv) {
             fprintf(stderr, "error: %s has modules for a different model shape\n", module_path);
             return 1;
         }
+        if (has_doc && modules.n_doc != n_doc) {
+            fprintf(stderr, "error: %s stands for a document of %d tokens, but the document has %d; "
+                    "the file is corrupt\n", module_path, modules.n_doc, n_doc);
+            return 1;
+        }
         if (modules.n_doc >= c->seq_len) {
             fprintf(stderr, "error: %s stands for a document of %d tokens, which leaves no room in the "
                     "model's context of %d\n", module_path, modules.n_doc, c->seq_len);
@@ -283,7 +288,7 @@ int main(int argc, char **argv) {
     /* generated token i sits at position n_before + n_prompt + i; the last
      * one is sampled but never fed, so it may fall just past the context */
     int steps = n_gen;
-    if (!eval && n_before + n_prompt + steps > c->seq_len + 1) {
+    if (!eval && steps > c->seq_len + 1 - n_before - n_prompt) {
         steps = c->seq_len + 1 - n_before - n_prompt;
         fprintf(stderr, "note: generating %d tokens, not %d: the context ends at %d tokens\n", steps, n_gen, c->seq_len);
     }

@@ -246,6 +246,13 @@ static size_t model_param_count(const Config *c, int shared) {
     return n;
 }
 
+/* Index of the first NaN or infinity in x (n), or n if every value is finite. */
+static size_t first_nonfinite(const float *x, size_t n) {
+    size_t i = 0;
+    while (i < n && isfinite(x[i])) i++;
+    return i;
+}
+
 int model_load(Model *m, const char *path) {
     memset(m, 0, sizeof(*m));
     size_t size;
@@ -288,6 +295,13 @@ int model_load(Model *m, const char *path) {
         src += t.count[i];
     }
     free(buf);
+    size_t bad = first_nonfinite(m->params, m->n_params);
+    if (bad < m->n_params) {
+        fprintf(stderr, "error: %s: weight %zu of %zu is %g; the checkpoint is corrupt\n", path, bad, m->n_params,
+                m->params[bad]);
+        model_free(m);
+        return -1;
+    }
     model_refresh(m);
     return 0;
 }
@@ -519,10 +533,16 @@ static size_t module_param_count(const ModuleSet *s, int size) {
     return 2 * (size_t)size * s->head_size;  /* W, Z */
 }
 
+int depths_valid(int Db, int Ds, int Dt) {
+    /* each one bounded before the sum, which could overflow */
+    return Db >= 0 && Ds >= 0 && Dt >= 0 && Db <= MAX_HIDDEN && Ds <= MAX_HIDDEN && Dt <= MAX_HIDDEN &&
+           Db + Ds + Dt <= MAX_HIDDEN;
+}
+
 int moduleset_alloc(ModuleSet *s, ModuleArch arch, int L, int G, int d,
                     int Db, int Ds, int Dt, const int *size_per_layer, int with_grads) {
     memset(s, 0, sizeof(*s));
-    if (arch == ARCH_MLP && (Db < 0 || Ds < 0 || Dt < 0 || Db + Ds + Dt > MAX_HIDDEN)) {
+    if (arch == ARCH_MLP && !depths_valid(Db, Ds, Dt)) {
         fprintf(stderr, "error: MLP depths (%d, %d, %d) must be >= 0 and sum to at most %d\n",
                 Db, Ds, Dt, MAX_HIDDEN);
         return -1;
@@ -904,13 +924,13 @@ int moduleset_load(ModuleSet *s, const char *path, uint64_t model_fp, uint64_t d
     /* sizes per layer, the same for every KV head; the file size they imply,
      * checked before anything is allocated */
     int *sizes = xmalloc(h.n_layers * sizeof(int));
-    int ok = h.arch != ARCH_MLP || (h.depth_backbone >= 0 && h.depth_score >= 0 && h.depth_target >= 0 &&
-                                    h.depth_backbone + h.depth_score + h.depth_target <= MAX_HIDDEN);
+    int ok = h.arch != ARCH_MLP || depths_valid(h.depth_backbone, h.depth_score, h.depth_target);
     size_t n_params = 0;
     for (int l = 0; l < h.n_layers && ok; l++) {
         sizes[l] = table[l * h.n_kv_heads].size;
         for (int g = 0; g < h.n_kv_heads; g++)
-            ok &= table[l * h.n_kv_heads + g].size == sizes[l] && sizes[l] > 0 && sizes[l] <= (1 << 20);
+            ok &= table[l * h.n_kv_heads + g].size == sizes[l] && sizes[l] > 0 && sizes[l] <= (1 << 20) &&
+                  isfinite(table[l * h.n_kv_heads + g].input_scale);
         if (ok) n_params += (size_t)h.n_kv_heads * (h.arch == ARCH_MLP
             ? mlp_param_count(h.head_size, sizes[l], h.depth_backbone, h.depth_score, h.depth_target)
             : 2 * (size_t)sizes[l] * h.head_size);
@@ -918,7 +938,9 @@ int moduleset_load(ModuleSet *s, const char *path, uint64_t model_fp, uint64_t d
     size_t prompt_ints = h.n_heldout ? 2 * (size_t)h.n_heldout + 1 + h.n_heldout_tokens : 0;
     size_t expected = sizeof(h) + table_bytes + n_params * sizeof(float) + prompt_ints * sizeof(int32_t);
     if (!ok) why = "its module table is inconsistent";
-    else if (n_params != h.n_params || size != expected) why = "its size does not match its header: it is truncated or corrupt";
+    /* n_params <= size / 4 first: up to 2^62 parameters fit the header's limits, and 4 n_params would wrap */
+    else if (n_params != h.n_params || n_params > size / sizeof(float) || size != expected)
+        why = "its size does not match its header: it is truncated or corrupt";
     if (why || moduleset_alloc(s, h.arch, h.n_layers, h.n_kv_heads, h.head_size, h.depth_backbone,
                                h.depth_score, h.depth_target, sizes, 0) != 0) {
         fprintf(stderr, "error: %s: %s\n", path, why ? why : "its modules cannot be allocated");
@@ -939,6 +961,13 @@ int moduleset_load(ModuleSet *s, const char *path, uint64_t model_fp, uint64_t d
     const unsigned char *at = buf + sizeof(h) + table_bytes;
     memcpy(s->params, at, s->n_params * sizeof(float));
     at += s->n_params * sizeof(float);
+    size_t bad = first_nonfinite(s->params, s->n_params);
+    if (bad < s->n_params) {
+        fprintf(stderr, "error: %s: parameter %zu of %zu is %g; the file is corrupt\n", path, bad, s->n_params,
+                s->params[bad]);
+        moduleset_free(s); free(buf);
+        return -1;
+    }
     if (h.n_heldout) {  /* held-out prompts: offsets must rise from 0 to the token count */
         PromptSet *p = &s->heldout;
         p->n_prompts = h.n_heldout;

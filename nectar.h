@@ -193,6 +193,8 @@ size_t mlp_layout(int d, int w, int Db, int Ds, int Dt, float *base, MlpParams *
 size_t mlp_param_count(int d, int w, int Db, int Ds, int Dt);
 /* The largest width whose parameter count fits `budget`; 0 if none. */
 int    mlp_width_for_budget(int d, long budget, int Db, int Ds, int Dt);
+/* 1 when the MLP depths are each >= 0 and sum to at most MAX_HIDDEN. */
+int    depths_valid(int Db, int Ds, int Dt);
 /* Allocates a set; widths (MLP) or pair counts (quad) per layer: (L). */
 int  moduleset_alloc(ModuleSet *s, ModuleArch arch, int L, int G, int d,
                      int Db, int Ds, int Dt, const int *size_per_layer, int with_grads);

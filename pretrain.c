@@ -14,6 +14,7 @@
 #include "nectar.h"
 
 #include <cblas.h>
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -23,7 +24,7 @@
 
 /* the default model's shape: 4 layers, 4 query heads sharing 2 KV heads of size 32 */
 static const Config DEFAULT_CONFIG = {128, 384, 4, 4, 2, 259, 320};
-enum { N_WORKERS = 2 };
+enum { N_WORKERS = 2, MAX_BATCH = 1 << 20 /* samples per step */ };
 
 typedef struct {
     const char *out_dir, *eval_dir;
@@ -226,6 +227,13 @@ static int write_demo(const char *dir, const Options *o) {
 
 static int pretrain(const Options *o) {
     openblas_set_num_threads(1);  /* the workers are the parallelism */
+    /* find out now, not after the training, that the output cannot be written */
+    char path[1024];
+    snprintf(path, sizeof path, "%s/model.bin.tmp", o->out_dir);
+    FILE *probe = mkdir(o->out_dir, 0755) == 0 || errno == EEXIST ? fopen(path, "wb") : NULL;
+    if (!probe) { fprintf(stderr, "error: cannot write into %s: %s\n", o->out_dir, strerror(errno)); return -1; }
+    fclose(probe);
+    remove(path);
     Model m;
     if (model_init_random(&m, DEFAULT_CONFIG, 1, 1, 0.0f) != 0) return -1;
     init_weights(&m, o->seed * 2 + 1);
@@ -280,6 +288,11 @@ static int pretrain(const Options *o) {
         for (size_t i = 0; i < m.n_params; i++) g[i] *= clip;
         adamw_update(m.params, g, adam_m, adam_v, m.n_params, step + 1, lr, 0.0f, 0.95f);
         loss /= weight_sum;
+        if (!isfinite(loss) || !isfinite(norm)) {  /* a NaN norm would pass the clipping unseen */
+            fprintf(stderr, "\nerror: pretraining diverged at step %d (loss %g, gradient norm %g); lower --lr (%g)\n",
+                    step + 1, loss, norm, o->lr);
+            return 1;
+        }
         smooth = step ? 0.98 * smooth + 0.02 * loss : loss;
         for (int k = 0; k < N_WORKERS; k++) tokens_seen += workers[k].tokens_done;
         double el = now_seconds() - t0;
@@ -290,8 +303,6 @@ static int pretrain(const Options *o) {
     }
     fprintf(stderr, "\npretraining took %.1f minutes\n", (now_seconds() - t0) / 60);
     model_refresh(&m);
-    mkdir(o->out_dir, 0755);
-    char path[1024];
     snprintf(path, sizeof path, "%s/model.bin", o->out_dir);
     int rc = model_save(&m, path);
     snprintf(path, sizeof path, "%s/tokenizer.bin", o->out_dir);
@@ -412,10 +423,10 @@ int main(int argc, char **argv) {
         if (bad) return 1;
     }
     if (!o.out_dir == !o.eval_dir) { fprintf(stderr, "error: give -o DIR (train) or --eval DIR (measure)\n"); return 1; }
-    if (o.steps < 1 || o.batch < N_WORKERS || !(o.lr > 0) || o.eval_docs < 1 || o.p_copy_start < 0 ||
-        o.p_copy_start > 1 || o.p_copy_end < 0 || o.p_copy_end > 1) {
-        fprintf(stderr, "error: need --steps >= 1, --batch >= %d, --lr > 0, --docs >= 1, --copy-start and "
-                "--copy-end in [0, 1]\n", N_WORKERS);
+    if (o.steps < 1 || o.batch < N_WORKERS || o.batch > MAX_BATCH || !(o.lr > 0) || o.eval_docs < 1 ||
+        o.p_copy_start < 0 || o.p_copy_start > 1 || o.p_copy_end < 0 || o.p_copy_end > 1) {
+        fprintf(stderr, "error: need --steps >= 1, --batch in %d..%d, --lr > 0, --docs >= 1, --copy-start and "
+                "--copy-end in [0, 1]\n", N_WORKERS, MAX_BATCH);
         return 1;
     }
     return (o.eval_dir ? evaluate_reading(&o) : pretrain(&o)) == 0 ? 0 : 1;

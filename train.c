@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 typedef struct {
     const char *model_path, *tok_path, *doc_text_path, *doc_ids_path, *out_path;
@@ -31,7 +32,7 @@ typedef struct {
     float rho, lr, weight_decay, warmup_fraction, lambda_alpha, lambda_A, lambda_kl;
     int steps, batch, kl_prompts, n_prompts, prompt_len, answer_len, checkpoint_every, stop_after, json, gpu;
     int depth_backbone, depth_score, depth_target;
-    char groups[256];
+    const char *groups;
     unsigned long long seed;
 } Options;
 
@@ -77,7 +78,8 @@ static int parse_options(int argc, char **argv, Options *o) {
     *o = (Options){.arch = ARCH_MLP, .rho = 0.1f, .lr = 1e-2f, .warmup_fraction = 0.05f,
                    .lambda_alpha = NAN, .lambda_A = NAN, .lambda_kl = NAN, .kl_prompts = 2, .answer_len = 16,
                    .steps = 6000, .batch = 64, .n_prompts = 200,
-                   .prompt_len = 48, .depth_backbone = 1, .depth_score = 1, .depth_target = 1, .seed = 1234};
+                   .prompt_len = 48, .depth_backbone = 1, .depth_score = 1, .depth_target = 1, .groups = "",
+                   .seed = 1234};
     int preset = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -96,13 +98,15 @@ static int parse_options(int argc, char **argv, Options *o) {
         else if (!strcmp(a, "--prompt-ids")) o->prompts_ids_path = v;
         else if (!strcmp(a, "--checkpoint")) o->checkpoint_path = v;
         else if (!strcmp(a, "--resume")) o->resume_path = v;
-        else if (!strcmp(a, "--groups")) snprintf(o->groups, sizeof o->groups, "%s", v);
+        else if (!strcmp(a, "--groups")) o->groups = v;
         else if (!strcmp(a, "--arch")) {
             if (!strcmp(v, "mlp")) o->arch = ARCH_MLP;
             else if (!strcmp(v, "quad")) o->arch = ARCH_QUAD;
             else { fprintf(stderr, "error: --arch must be mlp or quad, not '%s'\n", v); return -1; }
         } else if (!strcmp(a, "--depths")) {
-            if (sscanf(v, "%d,%d,%d", &o->depth_backbone, &o->depth_score, &o->depth_target) != 3) {
+            int used = 0;
+            if (sscanf(v, "%d,%d,%d%n", &o->depth_backbone, &o->depth_score, &o->depth_target, &used) != 3 ||
+                v[used]) {
                 fprintf(stderr, "error: --depths expects three integers B,S,T, got '%s'\n", v);
                 return -1;
             }
@@ -143,13 +147,13 @@ static int parse_options(int argc, char **argv, Options *o) {
     else if (!o->out_path) why = "an output file is required (-o OUT.nectar)";
     else if (!o->doc_text_path == !o->doc_ids_path) why = "give the document as -d DOC.txt or -D DOC.ids (one of them)";
     else if (!(o->rho > 0 && o->rho <= 100)) why = "--rho must be in (0, 100]";
-    else if (o->depth_backbone < 0 || o->depth_score < 0 || o->depth_target < 0 ||
-             o->depth_backbone + o->depth_score + o->depth_target < 1 ||
-             o->depth_backbone + o->depth_score + o->depth_target > 64)
+    else if (!depths_valid(o->depth_backbone, o->depth_score, o->depth_target) ||
+             o->depth_backbone + o->depth_score + o->depth_target < 1)
         why = "--depths B,S,T must be >= 0 with 1 <= B+S+T <= 64";
-    else if (o->steps < 0 || o->batch < 1 || o->n_prompts < 0 || o->prompt_len < 2 || o->answer_len < 0)
+    else if (o->steps < 0 || o->batch < 1 || o->n_prompts < 0 || o->prompt_len < 2 ||
+             o->answer_len < 0 || o->stop_after < 0 || o->checkpoint_every < 0)
         why = "need --steps >= 0 (0: evaluate the initial modules), --batch >= 1, --n-prompts >= 0, "
-              "--prompt-len >= 2, --answer-len >= 0";
+              "--prompt-len >= 2, --answer-len >= 0, --stop-after >= 0 and --checkpoint-every >= 0";
     else if (!(o->lr > 0) || o->weight_decay < 0 || o->warmup_fraction < 0 || o->warmup_fraction >= 1)
         why = "need --lr > 0, --wd >= 0 and --warmup in [0, 1)";
     else if (o->lambda_alpha < 0 || o->lambda_A < 0 || o->lambda_kl < 0 || o->lambda_alpha + o->lambda_A + o->lambda_kl == 0)
@@ -164,6 +168,11 @@ static int parse_options(int argc, char **argv, Options *o) {
     /* find out now, not after the fitting, that the output cannot be written */
     const char *outputs[2] = {o->out_path, o->checkpoint_path};
     for (int k = 0; k < 2 && outputs[k]; k++) {
+        struct stat st;
+        if (stat(outputs[k], &st) == 0 && S_ISDIR(st.st_mode)) {
+            fprintf(stderr, "error: %s is a directory; give a file name\n", outputs[k]);
+            return -1;
+        }
         char probe[4096];
         snprintf(probe, sizeof probe, "%s.tmp", outputs[k]);
         FILE *f = fopen(probe, "wb");
@@ -444,6 +453,13 @@ static void mlp_init_from_teacher(ModuleSet *ms, const FitTargets *targets, cons
 /* ------------------------------------------------------------------------ */
 /* Budget                                                                   */
 
+/* floor(x) for a budget given in decimal, where x may fall just below the
+ * integer meant: 0.53 is stored as 0.52999997, and 0.53 x 200 must give 106 */
+static long budget_floor(double x) {
+    double nearest = round(x);
+    return (long)(fabs(x - nearest) <= 1e-6 * x ? nearest : floor(x));
+}
+
 /* Per-layer multipliers from "a-b:m,..." (layers [a, b) get m), normalised
  * so that they average 1 over the layers: the total budget is unchanged. */
 static int layer_multipliers(const char *spec, int L, float *mult) {
@@ -587,7 +603,7 @@ static int save_checkpoint(const char *path, const ModuleSet *s, const Adam *ada
     return write_file_atomic(path, parts, sizes, 4);
 }
 
-static int load_checkpoint(const char *path, ModuleSet *s, Adam *adam, uint64_t run_hash) {
+static int load_checkpoint(const char *path, ModuleSet *s, Adam *adam, uint64_t run_hash, int steps) {
     FILE *f = fopen(path, "rb");
     if (!f) { fprintf(stderr, "error: cannot open checkpoint %s\n", path); return -1; }
     CkptHeader h;
@@ -596,6 +612,7 @@ static int load_checkpoint(const char *path, ModuleSet *s, Adam *adam, uint64_t 
         why = "it is not a train checkpoint";
     else if (h.n_params != s->n_params || h.run_hash != run_hash)
         why = "it was written by a run with other data or options";
+    else if (h.step < 1 || h.step > steps) why = "its step count is corrupt";
     else if (fread(s->params, sizeof(float), s->n_params, f) != s->n_params ||
              fread(adam->m, sizeof(float), s->n_params, f) != s->n_params ||
              fread(adam->v, sizeof(float), s->n_params, f) != s->n_params || fgetc(f) != EOF)
@@ -619,6 +636,11 @@ int main(int argc, char **argv) {
     if (model_load(&model, o.model_path) != 0) return 1;
     const Config *c = &model.config;
     int L = c->n_layers, G = c->n_kv_heads, H = c->n_heads, D = c->dim, d = D / H, group = H / G;
+    if (o.batch > INT_MAX / H) {  /* a step's module queries, batch x n_heads, are counted in int */
+        fprintf(stderr, "error: --batch %d is too large for a model of %d heads; keep it below %d\n",
+                o.batch, H, INT_MAX / H);
+        return 1;
+    }
     Tokenizer tok, *tokp = NULL;
     if (o.tok_path) {
         if (tokenizer_load(&tok, o.tok_path, c->vocab_size) != 0) return 1;
@@ -694,8 +716,8 @@ int main(int argc, char **argv) {
     for (int l = 0; l < L; l++) {
         double budget = o.rho * mult[l] * 2.0 * n_doc * d;
         sizes[l] = o.arch == ARCH_MLP
-            ? mlp_width_for_budget(d, (long)budget, o.depth_backbone, o.depth_score, o.depth_target)
-            : (int)(o.rho * mult[l] * n_doc);  /* p = floor(rho n): 2 p d parameters */
+            ? mlp_width_for_budget(d, budget_floor(budget), o.depth_backbone, o.depth_score, o.depth_target)
+            : (int)budget_floor((double)o.rho * mult[l] * n_doc);  /* p = floor(rho n): 2 p d parameters */
         if (o.arch == ARCH_QUAD && sizes[l] > n_doc) {
             fprintf(stderr, "error: layer %d would get %d quadrature pairs, more than the %d cached pairs they start "
                     "from; keep rho x multiplier <= 1\n", l, sizes[l], n_doc);
@@ -740,7 +762,7 @@ int main(int argc, char **argv) {
 
     Adam adam = {xmalloc(ms.n_params * sizeof(float)), xmalloc(ms.n_params * sizeof(float)), 0};
     if (o.resume_path) {
-        if (load_checkpoint(o.resume_path, &ms, &adam, run_hash) != 0) return 1;
+        if (load_checkpoint(o.resume_path, &ms, &adam, run_hash, o.steps) != 0) return 1;
         fprintf(stderr, "resumed from %s at step %d\n", o.resume_path, adam.step);
     }
     ModuleWork work;
@@ -812,6 +834,11 @@ int main(int argc, char **argv) {
         {
             norm = clip_grad_norm(ms.grads, ms.n_params, 1.0);  /* global norm clipping at 1.0 */
             adamw_update(ms.params, ms.grads, adam.m, adam.v, ms.n_params, adam.step, lr, o.weight_decay, ADAM_BETA2);
+        }
+        if (!isfinite(loss) || !isfinite(norm)) {  /* a NaN norm would pass the clipping unseen */
+            fprintf(stderr, "\nerror: training diverged at step %d (loss %g, gradient norm %g); lower --lr (%g)\n",
+                    step + 1, loss, norm, o.lr);
+            return 1;
         }
         double now = now_seconds() - t_fit;
         if (now - last_print > 1.0 || step + 1 == last_step) {

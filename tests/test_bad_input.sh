@@ -4,15 +4,12 @@
 # usage: tests/test_bad_input.sh BINDIR   (BINDIR holds infer and train)
 set -u
 bin=${1:-.}
-. "$(dirname "$0")/sanitizers.sh"
+. "$(dirname "$0")/lib.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 model=tests/data/ref_gqa.bin   # dim 48, hidden 128, 2 layers, 6/2 heads, vocab 300, seq_len 64
 tok=tests/data/tok_test.bin
 passed=0 failed=0
-
-# int32 little-endian values as raw bytes
-ints() { for v in "$@"; do printf "$(printf '\\x%02x\\x%02x\\x%02x\\x%02x' $((v & 255)) $((v >> 8 & 255)) $((v >> 16 & 255)) $((v >> 24 & 255)))"; done; }
 
 # expect_error NAME CMD...: exit 1 with "error:" on stderr
 expect_error() {
@@ -20,7 +17,7 @@ expect_error() {
     ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 "$@" > "$tmp/out" 2> "$tmp/err"
     local rc=$?
     if [ $rc -eq 1 ] && grep -q "^error: " "$tmp/err" && ! grep -q "Sanitizer\|runtime error" "$tmp/err"; then
-        printf '  %-52s ok: %s\n' "$name" "$(head -c 150 "$tmp/err" | head -n 1)"
+        printf '  %-52s ok: %s\n' "$name" "$(grep -m 1 '^error: ' "$tmp/err" | head -c 150)"
         passed=$((passed + 1))
     else
         printf '  %-52s FAIL (exit %d)\n' "$name" $rc
@@ -69,6 +66,8 @@ expect_error "n_heads not a multiple of n_kv_heads" "$bin/infer" -m "$tmp/gqa.bi
 expect_error "odd head size" "$bin/infer" -m "$tmp/odd.bin" -I "$tmp/prompt.ids"
 { ints 48 128 2 6 2 2000000000 64; tail -c +29 $model; } > "$tmp/huge.bin"
 expect_error "absurd vocab size" "$bin/infer" -m "$tmp/huge.bin" -I "$tmp/prompt.ids"
+cp $model "$tmp/nan.bin" && poke "$tmp/nan.bin" $((28 + 4 * 960)) 2143289344  # a NaN in the token embedding
+expect_error "a NaN weight" "$bin/infer" -m "$tmp/nan.bin" -I "$tmp/prompt.ids"
 
 # tokens and lengths
 echo "1 20 99999" > "$tmp/big.ids"
@@ -100,6 +99,7 @@ expect_error "unknown option" "$bin/infer" -m $model --frobnicate
 expect_error "-n that is not a number" "$bin/infer" -m $model -n lots
 expect_error "-n empty" "$bin/infer" -m $model -I "$tmp/prompt.ids" -n ''
 expect_error "-n beyond int (2^32 + 1)" "$bin/infer" -m $model -I "$tmp/prompt.ids" -n 4294967297
+expect_ok "-n 2^31 - 1 (cut to the context)" "$bin/infer" -m $model -I "$tmp/prompt.ids" -n 2147483647 -t 0
 expect_error "-t nan" "$bin/infer" -m $model -I "$tmp/prompt.ids" -t nan
 expect_error "-p nan" "$bin/infer" -m $model -I "$tmp/prompt.ids" -p nan
 expect_error "negative seed" "$bin/infer" -m $model -I "$tmp/prompt.ids" -s -5
@@ -111,6 +111,17 @@ expect_error "train --lr inf" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/
 echo "4294967301 10 11 12" > "$tmp/wide.ids"
 expect_error "train prompt id beyond int" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" \
     --prompt-ids "$tmp/wide.ids" --prompt-len 8 --steps 1
+expect_error "train --depths whose sum overflows" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" \
+    --depths 2147483647,2147483647,3
+expect_error "train --depths with junk after" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --depths 1,1,1x
+expect_error "train --batch x heads beyond int" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" \
+    --batch 1000000000
+expect_error "train --stop-after -1" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --stop-after -1 \
+    --checkpoint "$tmp/ck"
+expect_error "train -o a directory" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp"
+seq 3 22 | tr '\n' ' ' > "$tmp/doc20.ids"
+expect_error "train --lr 1e30 diverges" "$bin/train" -m $model -D "$tmp/doc20.ids" -o "$tmp/nan.nectar" \
+    --rho 1 --lr 1e30 --steps 20
 # these programs are the CPU-only build: --gpu says where the GPU build is
 expect_error "infer --gpu (CPU-only build)" "$bin/infer" -m $model -I "$tmp/prompt.ids" -n 2 --gpu
 expect_error "train --gpu (CPU-only build)" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --gpu
@@ -118,6 +129,9 @@ expect_error "train --gpu (CPU-only build)" "$bin/train" -m $model -D "$tmp/doc.
 # pretrain and benchmark (built at the top level only)
 if [ -x "$bin/pretrain" ] && [ -x "$bin/benchmark" ]; then
     expect_error "pretrain --copy-start above 1" "$bin/pretrain" -o "$tmp/p" --copy-start 2
+    expect_error "pretrain --batch 2^31 - 1" "$bin/pretrain" -o "$tmp/p" --batch 2147483647
+    expect_error "pretrain -o under a file: refused before training" "$bin/pretrain" -o "$tmp/prompt.ids/out"
+    expect_error "pretrain --lr 1e30 diverges" "$bin/pretrain" -o "$tmp/p" --steps 30 --lr 1e30
     expect_error "pretrain, an unknown option last" "$bin/pretrain" -o "$tmp/p" --bogus
     mkdir -p "$tmp/small" && cp $model "$tmp/small/model.bin"
     expect_error "pretrain --eval of a model with a short context" "$bin/pretrain" --eval "$tmp/small"

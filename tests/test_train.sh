@@ -5,7 +5,7 @@
 # usage: tests/test_train.sh [BINDIR]   (BINDIR holds infer and train)
 set -u
 bin=${1:-.}
-. "$(dirname "$0")/sanitizers.sh"
+. "$(dirname "$0")/lib.sh"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 passed=0 failed=0
@@ -74,6 +74,13 @@ g_total=$(sed -nE 's/.*total ([0-9]+) params.*/\1/p' "$tmp/groups.txt") u_total=
 w0=$(awk '$1 == "0" && NF == 6 { print $3 }' "$tmp/groups.txt") w2=$(awk '$1 == "2" && NF == 6 { print $3 }' "$tmp/groups.txt")
 echo "    --groups 0-1:1,1-3:2: widths $w0 (layer 0) and $w2 (layer 2), $g_total params against $u_total uniform"
 is "$w2 > $w0 && $g_total <= 1.1 * $u_total && $g_total >= 0.9 * $u_total" && ok "--groups: more width where asked, same total budget" || fail "--groups"
+train -o "$tmp/long.nectar" --steps 0 --groups "$(printf '0-1:1,%.0s' $(seq 50))1-3:2" > "$tmp/long.txt" 2> /dev/null
+diff -q <(grep total "$tmp/groups.txt") <(grep total "$tmp/long.txt") > /dev/null && ok "--groups of 305 characters: read to the end" || fail "--groups of 305 characters"
+
+# the budget is floor(rho n) of the decimal rho: 0.53 x 200 = 106 pairs, though 0.53 is stored as 0.52999997
+train -o "$tmp/q53.nectar" --arch quad --rho 0.53 --steps 0 > "$tmp/q53.txt" 2> /dev/null
+pairs=$(awk '$1 == "0" && NF == 6 { print $3 }' "$tmp/q53.txt")
+[ "$pairs" = 106 ] && ok "--arch quad --rho 0.53, 200 tokens: 106 pairs" || fail "--rho 0.53: got '$pairs' pairs, want 106"
 
 # infer with the module
 "$bin/infer" -m "$tmp/model.bin" -D "$tmp/doc.ids" -k "$tmp/fit.nectar" -I "$tmp/prompt.ids" --compare -n 8 -t 0 > "$tmp/cmp" 2> "$tmp/log"
@@ -104,6 +111,19 @@ expect_refusal "module file shorter than its header is refused" "shorter than" \
 expect_refusal "module file with a bad magic number is refused" "not a Nectar module" \
     "$bin/infer" -m "$tmp/model.bin" -k "$tmp/magic.nectar" -I "$tmp/prompt.ids"
 seq 3 62 | tr '\n' ' ' > "$tmp/long_prompt.ids"
+# header fields (int32 at byte offsets): depths 24, 28, 32; n_doc 36; then 128 bytes of header and 3 x 2 table entries of 8
+cp "$tmp/fit.nectar" "$tmp/depths.nectar" && poke "$tmp/depths.nectar" 24 2147483647 2147483647 2
+expect_refusal "module file with depths whose sum overflows is refused" "inconsistent" \
+    "$bin/infer" -m "$tmp/model.bin" -k "$tmp/depths.nectar" -I "$tmp/prompt.ids"
+cp "$tmp/fit.nectar" "$tmp/ndoc.nectar" && poke "$tmp/ndoc.nectar" 36 1
+expect_refusal "module file whose n_doc is not the document's is refused" "document of 1 tokens" \
+    "$bin/infer" -m "$tmp/model.bin" -D "$tmp/doc.ids" -k "$tmp/ndoc.nectar" -I "$tmp/prompt.ids"
+cp "$tmp/fit.nectar" "$tmp/nan.nectar" && poke "$tmp/nan.nectar" $((128 + 6 * 8)) 2143289344
+expect_refusal "module file with a NaN parameter is refused" "is nan" \
+    "$bin/infer" -m "$tmp/model.bin" -k "$tmp/nan.nectar" -I "$tmp/prompt.ids"
+cp "$tmp/ck" "$tmp/ck_step" && poke "$tmp/ck_step" 8 -1
+expect_refusal "checkpoint with a negative step is refused" "step count is corrupt" \
+    train -o "$tmp/x.nectar" --steps 400 --resume "$tmp/ck_step"
 expect_refusal "module (200 tokens) plus a 60-token prompt beyond the context of 256" "exceed the model's context" \
     "$bin/infer" -m "$tmp/model.bin" -k "$tmp/fit.nectar" -I "$tmp/long_prompt.ids"
 expect_refusal "train on a model file that is not one" "out of range" \
