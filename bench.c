@@ -72,6 +72,30 @@ static void bench_modules(const Config *c, int n, float rho, int with_grads, Mod
     free(widths);
 }
 
+/* Progress over the document sizes min_doc, 2 min_doc, ... max_doc: the time
+ * so far and, once two sizes have run, an ETA that assumes each doubling
+ * costs what the last one did. */
+typedef struct { const char *what; double t_start, t_size, t_last, growth; } Progress;
+
+static void progress_size_starts(Progress *p, int n, int max_doc) {
+    p->t_size = now_seconds();
+    double eta = 0, t = p->t_last;
+    for (long k = n; p->growth > 0 && k <= max_doc; k *= 2) {
+        t *= p->growth;  /* this size's time, then the next one's */
+        eta += t;
+    }
+    if (p->growth > 0)
+        fprintf(stderr, "%sdocument of %d tokens ... (%.0fs so far, ETA %.0fs)\n", p->what, n, p->t_size - p->t_start, eta);
+    else
+        fprintf(stderr, "%sdocument of %d tokens ... (%.0fs so far)\n", p->what, n, p->t_size - p->t_start);
+}
+
+static void progress_size_ends(Progress *p) {
+    double took = now_seconds() - p->t_size;
+    if (p->t_last > 0) p->growth = took / p->t_last;
+    p->t_last = took;
+}
+
 /* One configuration, in the child (which exits 1 after forward's sentence). */
 static Measure run_config(const Model *m, RunKind kind, const int *doc_ids, int n, float rho) {
     const Config *c = &m->config;
@@ -343,9 +367,10 @@ static int bench_gpu(const Model *host, const char *model_path, int min_doc, int
            "| decode tok/s exact | Nectar 2%% | Nectar 10%% | no doc | KV state | module 10%% |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
     int longest = min_doc;
+    Progress progress = {"GPU, ", t_start, 0, 0, 0};
     for (int n = min_doc; n <= max_doc; n *= 2) {
         int *doc_ids = bench_document(n);
-        fprintf(stderr, "GPU, document of %d tokens ... (%.0fs so far)\n", n, now_seconds() - t_start);
+        progress_size_starts(&progress, n, max_doc);
         DocCache cache;
         double t0 = now_seconds();
         if (doccache_build_cuda(&cache, &m, doc_ids, n, BLOCK) != 0) return 1;
@@ -374,6 +399,7 @@ static int bench_gpu(const Model *host, const char *model_path, int min_doc, int
         moduleset_free(&h2); moduleset_free(&h10);
         free(doc_ids);
         longest = n;
+        progress_size_ends(&progress);
     }
     /* the two attention kernels on one prefill block (BLOCK queries, one
      * head) over the longest document's keys */
@@ -416,8 +442,10 @@ static int bench_gpu(const Model *host, const char *model_path, int min_doc, int
 
 static void usage(FILE *f) {
     fprintf(f, "usage: benchmark -m MODEL [--max-doc N] [--min-doc N] [--gpu]\n"
+               "  -m MODEL  llama2.c checkpoint whose vocabulary holds ids 0..258 (data/model.bin)\n"
                "  document lengths from --min-doc (default 1024) to --max-doc (default 65536), doubling\n"
-               "  --gpu  on the GPU (a build with nvcc), with fitting on the GPU against the CPU\n");
+               "  --gpu     on the GPU (a build with nvcc), with fitting on the GPU against the CPU\n"
+               "  --help    this text\n");
 }
 
 int main(int argc, char **argv) {
@@ -467,6 +495,16 @@ int main(int argc, char **argv) {
     }
     const Config *c = &m.config;
     int d = c->dim / c->n_heads;
+    /* the full-prefill and reused-cache runs hold the longest document's KV
+     * cache; refuse one that needs more than half of memory (it would swap) */
+    double kv_bytes = 2.0 * sizeof(float) * c->n_layers * max_doc * d * c->n_kv_heads;
+    double memory = (double)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE);
+    if (2 * kv_bytes > memory) {
+        fprintf(stderr, "error: a document of %d tokens has a KV cache of %.1f GB, more than half of this machine's "
+                "%.1f GB; lower --max-doc\n", max_doc, kv_bytes / 1e9, memory / 1e9);
+        model_free(&m);
+        return 1;
+    }
     double t_start = now_seconds();
 
     /* references */
@@ -508,9 +546,10 @@ int main(int argc, char **argv) {
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     Measure full = {0}, reused = {0}, n10 = {0};  /* kept from the longest document */
     int longest = min_doc;
+    Progress progress = {"", t_start, 0, 0, 0};
     for (int n = min_doc; n <= max_doc; n *= 2) {
         int *doc_ids = bench_document(n);
-        fprintf(stderr, "document of %d tokens ... (%.0fs so far)\n", n, now_seconds() - t_start);
+        progress_size_starts(&progress, n, max_doc);
         full = measure(&m, RUN_FULL_PREFILL, doc_ids, n, 0);
         reused = measure(&m, RUN_REUSED_CACHE, doc_ids, n, 0);
         Measure n2 = measure(&m, RUN_NECTAR, doc_ids, n, 0.02f);
@@ -525,6 +564,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
         longest = n;
         free(doc_ids);
+        progress_size_ends(&progress);
     }
 
     /* module fitting: the rho 10% module of the longest document */
