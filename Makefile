@@ -58,7 +58,7 @@ bench-gpu: build-gpu/benchmark
 	./build-gpu/benchmark -m data/model.bin --gpu --max-doc 131072
 
 # Regenerates data/ (model, tokenizer, document, prompts) from the seed,
-# bit for bit; about half an hour on two cores.
+# bit for bit; about 25 minutes on two cores.
 model: pretrain
 	./pretrain -o data
 

@@ -11,6 +11,7 @@
 #include "nectar_cuda.h"
 #endif
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +30,8 @@ static void usage(FILE *f) {
         "  -p P           top-p (default 0.9)\n"
         "  -s SEED        sampling seed (default 1234)\n"
         "  --ids          print the generated token ids, space-separated, on stdout\n"
-        "  --encode       print the token ids of -i and exit (needs only -z)\n"
+        "  --encode       print the token ids of -i and exit (needs only -z; BOS first unless\n"
+        "                 -d, -D or -k is given too, as for a prompt after a document)\n"
         "  --compare      with -k and -d/-D: exact, Nectar and no-document generations in turn\n"
         "  --eval         with -k and -d/-D: metrics on the held-out prompts kept in the module\n"
         "  --json         with --eval: one JSON object on stdout\n"
@@ -40,8 +42,9 @@ static void usage(FILE *f) {
         "to); with neither, there is no document.\n");
 }
 
-/* Token ids of a text (via the tokenizer) or of an id file. NULL after a sentence. */
-static int *load_tokens(const Tokenizer *tok, const char *text, const char *ids_path, int bos, int *n) {
+/* Token ids of a text (via the tokenizer; at most `room` of them) or of an id
+ * file. NULL after a sentence. */
+static int *load_tokens(const Tokenizer *tok, const char *text, const char *ids_path, int bos, int room, int *n) {
     if (ids_path) {
         int *ids;
         *n = read_token_ids(ids_path, &ids);
@@ -51,7 +54,7 @@ static int *load_tokens(const Tokenizer *tok, const char *text, const char *ids_
         fprintf(stderr, "error: text input needs a tokenizer (-z), or give token ids (-D/-I)\n");
         return NULL;
     }
-    int max = (int)strlen(text) + 3;
+    int max = strlen(text) + 3 < (size_t)room ? (int)strlen(text) + 3 : room;
     int *ids = xmalloc(max * sizeof(int));
     *n = tokenizer_encode(tok, text, bos, 0, ids, max);
     if (*n < 0) { free(ids); return NULL; }
@@ -209,7 +212,8 @@ int main(int argc, char **argv) {
             return 1;
         }
         if (tokenizer_load(&tok, tok_path, 0) != 0) return 1;
-        int n, *ids = load_tokens(&tok, prompt_text, NULL, 1, &n);
+        int bos = !(doc_text_path || doc_ids_path || module_path);  /* as the prompt would get */
+        int n, *ids = load_tokens(&tok, prompt_text, NULL, bos, INT_MAX, &n);
         if (!ids) return 1;
         for (int i = 0; i < n; i++) printf("%d%c", ids[i], i + 1 < n ? ' ' : '\n');
         free(ids);
@@ -235,7 +239,7 @@ int main(int argc, char **argv) {
         char *text = doc_text_path ? read_text_file(doc_text_path) : NULL;
         if (doc_text_path && !text) return 1;
         if (text && !text[0]) { fprintf(stderr, "error: the document %s is empty\n", doc_text_path); return 1; }
-        doc_ids = load_tokens(tokp, text, doc_ids_path, 1, &n_doc);
+        doc_ids = load_tokens(tokp, text, doc_ids_path, 1, c->seq_len, &n_doc);
         free(text);
         if (!doc_ids || check_tokens(&model, doc_ids, n_doc, "document") != 0) return 1;
         if (n_doc == 0) { fprintf(stderr, "error: the document is empty\n"); return 1; }
@@ -264,9 +268,11 @@ int main(int argc, char **argv) {
     }
 
     /* the prompt */
+    int n_before = has_doc ? n_doc : module_path ? modules.n_doc : 0;  /* tokens before the prompt */
     int n_prompt = 0, *prompt = NULL;
     if (prompt_text || prompt_ids_path) {
-        prompt = load_tokens(tokp, prompt_text, prompt_ids_path, !(has_doc || module_path), &n_prompt);
+        prompt = load_tokens(tokp, prompt_text, prompt_ids_path, !(has_doc || module_path), c->seq_len - n_before,
+                             &n_prompt);
         if (!prompt || check_tokens(&model, prompt, n_prompt, "prompt") != 0) return 1;
     }
     if (n_prompt == 0) {
@@ -279,7 +285,6 @@ int main(int argc, char **argv) {
         prompt[0] = 1;  /* BOS */
         n_prompt = 1;
     }
-    int n_before = has_doc ? n_doc : module_path ? modules.n_doc : 0;  /* tokens before the prompt */
     if (n_before + n_prompt > c->seq_len) {
         fprintf(stderr, "error: document (%d tokens) plus prompt (%d tokens) exceed the model's context "
                 "of %d tokens\n", n_before, n_prompt, c->seq_len);

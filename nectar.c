@@ -1601,6 +1601,12 @@ int evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const Pro
     free(with_bos); free(a); free(A); free(q); free(lp_full); free(lp_other); free(rte_sum); free(layer_samples);
     modulework_free(&w);
     runstate_free(&sf); runstate_free(&sn); runstate_free(&s0);
+    if (!isfinite(r->kl) || !isfinite(r->score_mse) || !isfinite(r->target_mse) || !isfinite(r->rte)) {
+        fprintf(stderr, "error: the modules' outputs on the held-out prompts are not finite (KL %g, score MSE %g, "
+                "target MSE %g): they diverged in fitting or are corrupt\n", r->kl, r->score_mse, r->target_mse);
+        evalresult_free(r);
+        return -1;
+    }
     return 0;
 }
 
@@ -1837,6 +1843,16 @@ int tokenizer_encode(const Tokenizer *t, const char *text, int bos, int eos, int
             buf[n++] = id;
         }
     }
+    /* a token joins at most max_token_length tokens of one or more bytes: refuse what
+       cannot fit now, not after the merging, which takes time quadratic in n */
+    int nonempty = 0;
+    for (int i = 0; i < n; i++) nonempty += t->vocab[buf[i]][0] != '\0';
+    int at_least = t->max_token_length > 0 ? (nonempty + t->max_token_length - 1) / t->max_token_length : 0;
+    if (at_least + (eos != 0) > max_tokens) {
+        fprintf(stderr, "error: the text encodes to at least %d tokens; only %d fit in the model's context\n",
+                at_least + (eos != 0), max_tokens);
+        goto done;
+    }
     /* BPE: repeatedly merge the adjacent pair whose concatenation is in the vocab with
        the highest score (leftmost on ties), until no pair is in the vocab */
     for (;;) {
@@ -1856,7 +1872,7 @@ int tokenizer_encode(const Tokenizer *t, const char *text, int bos, int eos, int
     }
     if (eos) buf[n++] = 2;
     if (n > max_tokens) {
-        fprintf(stderr, "error: the text encodes to %d tokens but there is room for only %d\n", n, max_tokens);
+        fprintf(stderr, "error: the text encodes to %d tokens; only %d fit in the model's context\n", n, max_tokens);
         goto done;
     }
     if (n > 0) memcpy(tokens, buf, (size_t)n * sizeof *buf);

@@ -90,7 +90,8 @@ typedef struct {
 /* vocab_size 0: every entry in the file. */
 int  tokenizer_load(Tokenizer *t, const char *path, int vocab_size);
 void tokenizer_free(Tokenizer *t);
-/* BPE encode as llama2.c does. Returns the count, or -1. */
+/* BPE encode as llama2.c does. Returns the count, or -1 (with a message) if
+ * it is more than max_tokens; tokens holds max_tokens. */
 int  tokenizer_encode(const Tokenizer *t, const char *text, int bos, int eos,
                       int *tokens, int max_tokens);
 /* The piece to print for `token` after `prev_token`; NULL if out of range. */
@@ -400,7 +401,8 @@ typedef struct {
 double kl_loss(const float *teacher_logits, const float *student_logits, int ntok, int V, float *dlogits);
 
 /* Runs the full-cache, Nectar and no-document models over each prompt of
- * `prompts` placed after the document (challenge_only: only those marked). */
+ * `prompts` placed after the document (challenge_only: only those marked).
+ * Returns -1 with a message if the modules' outputs are not finite. */
 int  evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
               int challenge_only, EvalResult *r);
 void evalresult_free(EvalResult *r);

@@ -45,7 +45,8 @@ static void usage(FILE *f) {
         "  --arch mlp|quad   module architecture (default mlp)\n"
         "  --rho R           budget: params / (2 n d) per module (default 0.1)\n"
         "  --depths B,S,T    MLP depths: backbone, score head, target head (default 1,1,1)\n"
-        "  --groups SPEC     layer-group capacity multipliers, e.g. 0-9:1,9-15:2 (normalised)\n"
+        "  --groups SPEC     layer-group capacity multipliers a-b:m,... (layers a..b-1 get m;\n"
+        "                    normalised to average 1), e.g. 0-2:1,2-4:2 for 4 layers\n"
         "  --steps N         optimisation steps (default 6000; 0 evaluates the initial modules)\n"
         "  --batch N         prompt positions per step (default 64; x heads per group)\n"
         "  --lr LR           peak learning rate (default 1e-2)   --wd W  weight decay (default 0)\n"
@@ -295,9 +296,10 @@ static int read_user_prompts(const char *path, const Tokenizer *tok, const Model
             }
         }
         if (n < 0 || check_tokens(m, ids, n, path) != 0) { free(ids); free(text); return -1; }
+        if (n == 0) continue;  /* a blank line */
         if (n > cap) n = cap;
         int answer = cap - n < answer_len ? cap - n : answer_len;
-        if (answer > 0 && n > 0) continue_span(m, doc, ids, n, answer, sampler, ids + n);
+        if (answer > 0) continue_span(m, doc, ids, n, answer, sampler, ids + n);
         if (n + answer >= 2) { add_prompt(b, ids, n + answer); count++; }
     }
     free(ids);
@@ -661,7 +663,7 @@ int main(int argc, char **argv) {
         char *text = read_text_file(o.doc_text_path);
         if (!text) return 1;
         doc_ids = xmalloc((strlen(text) + 3) * sizeof(int));
-        n_doc = tokenizer_encode(tokp, text, 1, 0, doc_ids, (int)strlen(text) + 3);
+        n_doc = tokenizer_encode(tokp, text, 1, 0, doc_ids, c->seq_len);
         free(text);
         if (n_doc < 0) return 1;
     }
@@ -764,6 +766,10 @@ int main(int argc, char **argv) {
     if (o.resume_path) {
         if (load_checkpoint(o.resume_path, &ms, &adam, run_hash, o.steps) != 0) return 1;
         fprintf(stderr, "resumed from %s at step %d\n", o.resume_path, adam.step);
+        if (o.stop_after > 0 && o.stop_after <= adam.step) {
+            fprintf(stderr, "error: --stop-after %d is not after the checkpoint's step %d\n", o.stop_after, adam.step);
+            return 1;
+        }
     }
     ModuleWork work;
     modulework_alloc(&work, &ms, o.batch * group);
@@ -836,8 +842,8 @@ int main(int argc, char **argv) {
             adamw_update(ms.params, ms.grads, adam.m, adam.v, ms.n_params, adam.step, lr, o.weight_decay, ADAM_BETA2);
         }
         if (!isfinite(loss) || !isfinite(norm)) {  /* a NaN norm would pass the clipping unseen */
-            fprintf(stderr, "\nerror: training diverged at step %d (loss %g, gradient norm %g); lower --lr (%g)\n",
-                    step + 1, loss, norm, o.lr);
+            fprintf(stderr, "\nerror: training diverged at step %d (loss %g, gradient norm %g); lower --lr (%g), "
+                    "--wd or the loss weights\n", step + 1, loss, norm, o.lr);
             return 1;
         }
         double now = now_seconds() - t_fit;
@@ -868,16 +874,17 @@ int main(int argc, char **argv) {
         return 0;
     }
 
-    /* 5. the module file, with the held-out prompts */
+    /* 5. metrics on the held-out prompts, all of them and the challenge split
+     * (evaluate refuses modules whose outputs are not finite) */
     ms.heldout = select_prompts(all, is_train, 0);
-    if (moduleset_save(&ms, o.out_path) != 0) return 1;
-    fprintf(stderr, "wrote %s: %zu parameters, %.1f KB (document KV state: %.1f KB)\n", o.out_path,
-            ms.n_params, ms.n_params * 4 / 1e3, kv_entries * 4 / 1e3);
-
-    /* 6. metrics on the held-out prompts: all of them, and the challenge split */
     EvalResult random_split, challenge_split;
     if (evaluate(&model, &cache, &ms, &ms.heldout, 0, &random_split) != 0) return 1;
     if (evaluate(&model, &cache, &ms, &ms.heldout, 1, &challenge_split) != 0) return 1;
+
+    /* 6. the module file, with the held-out prompts */
+    if (moduleset_save(&ms, o.out_path) != 0) return 1;
+    fprintf(stderr, "wrote %s: %zu parameters, %.1f KB (document KV state: %.1f KB)\n", o.out_path,
+            ms.n_params, ms.n_params * 4 / 1e3, kv_entries * 4 / 1e3);
     if (o.json) {
         printf("{\"arch\": \"%s\", \"rho\": %.6g, \"params\": %zu, \"kv_entries\": %ld, \"n_doc\": %d, "
                "\"steps\": %d, \"fit_seconds\": %.3f, \"total_seconds\": %.3f, \"random\": ",

@@ -89,6 +89,8 @@ expect_error "missing document file" "$bin/infer" -m $model -d "$tmp/none.txt" -
 printf 'the cat\0sat' > "$tmp/nul.txt"
 expect_error "text document with a NUL byte" "$bin/infer" -m $model -d "$tmp/nul.txt" -i "x" -z $tok
 expect_error "text without a tokenizer" "$bin/infer" -m $model -i "hello"
+awk 'BEGIN { for (i = 0; i < 4000; i++) printf "word%d ", i }' > "$tmp/big.txt"
+expect_error "text document of 30 KB, refused before merging" "$bin/infer" -m $model -z $tok -d "$tmp/big.txt" -i "x"
 
 # tokenizer and flags
 expect_error "missing tokenizer" "$bin/infer" -m $model -z "$tmp/none.bin" -i "x"
@@ -122,6 +124,10 @@ expect_error "train -o a directory" "$bin/train" -m $model -D "$tmp/doc.ids" -o 
 seq 3 22 | tr '\n' ' ' > "$tmp/doc20.ids"
 expect_error "train --lr 1e30 diverges" "$bin/train" -m $model -D "$tmp/doc20.ids" -o "$tmp/nan.nectar" \
     --rho 1 --lr 1e30 --steps 20
+expect_error "train --lr 3e38 diverges in its last step" "$bin/train" -m $model -D "$tmp/doc20.ids" \
+    -o "$tmp/nan.nectar" --rho 1 --lr 3e38 --steps 1
+[ ! -e "$tmp/nan.nectar" ] && { printf '  %-52s ok\n' "no module file written by the diverged runs"; passed=$((passed + 1)); } ||
+    { printf '  %-52s FAIL\n' "no module file written by the diverged runs"; failed=$((failed + 1)); }
 # these programs are the CPU-only build: --gpu says where the GPU build is
 expect_error "infer --gpu (CPU-only build)" "$bin/infer" -m $model -I "$tmp/prompt.ids" -n 2 --gpu
 expect_error "train --gpu (CPU-only build)" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --gpu

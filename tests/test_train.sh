@@ -33,6 +33,11 @@ for name in ref_gqa ref_mha_unshared; do
     [ "$got" = "$want" ] && ok "infer -t 0 on $name: reference greedy tokens" || fail "infer -t 0 on $name: got '$got'"
 done
 
+# --encode: BOS first, but not for a prompt that follows a document
+alone=$("$bin/infer" -z tests/data/tok_test.bin -i "the cat" --encode)
+after=$("$bin/infer" -z tests/data/tok_test.bin -D "$tmp/doc.ids" -i "the cat" --encode)
+[ "$alone" = "1 $after" ] && ok "--encode: BOS first, none after a document" || fail "--encode: '$alone' and '$after'"
+
 # fitting lowers held-out target MSE well below the untrained module's
 train -o "$tmp/init.nectar" --steps 0 --json > "$tmp/init.json" 2> "$tmp/log" || cat "$tmp/log"
 train -o "$tmp/fit.nectar" --steps 400 --json > "$tmp/fit.json" 2> "$tmp/log" || cat "$tmp/log"
@@ -57,6 +62,9 @@ train -o "$tmp/resumed.nectar" --steps 400 --checkpoint "$tmp/ck" --stop-after 1
 [ ! -e "$tmp/resumed.nectar" ] && [ -s "$tmp/ck" ] && ok "--stop-after leaves a checkpoint, no module" || fail "--stop-after"
 train -o "$tmp/resumed.nectar" --steps 400 --resume "$tmp/ck" > /dev/null 2> "$tmp/log"
 cmp -s "$tmp/fit.nectar" "$tmp/resumed.nectar" && ok "resume equals the uninterrupted run, bit for bit" || fail "resume equals uninterrupted"
+ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 train -o "$tmp/x.nectar" --steps 400 --resume "$tmp/ck" --checkpoint "$tmp/ck2" \
+    --stop-after 100 > /dev/null 2> "$tmp/log"
+[ $? -eq 1 ] && grep -q "^error: .*not after the checkpoint's step 150" "$tmp/log" && ok "--stop-after before the checkpoint's step is refused" || fail "--stop-after before the checkpoint"
 ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 "$bin/train" -m "$tmp/model.bin" -D "$tmp/doc.ids" -o "$tmp/x.nectar" --steps 500 --resume "$tmp/ck" > /dev/null 2> "$tmp/log"
 [ $? -eq 1 ] && grep -q "^error: .*other data or options" "$tmp/log" && ok "a checkpoint of other options is refused" || fail "checkpoint mismatch refused"
 
@@ -76,6 +84,11 @@ echo "    --groups 0-1:1,1-3:2: widths $w0 (layer 0) and $w2 (layer 2), $g_total
 is "$w2 > $w0 && $g_total <= 1.1 * $u_total && $g_total >= 0.9 * $u_total" && ok "--groups: more width where asked, same total budget" || fail "--groups"
 train -o "$tmp/long.nectar" --steps 0 --groups "$(printf '0-1:1,%.0s' $(seq 50))1-3:2" > "$tmp/long.txt" 2> /dev/null
 diff -q <(grep total "$tmp/groups.txt") <(grep total "$tmp/long.txt") > /dev/null && ok "--groups of 305 characters: read to the end" || fail "--groups of 305 characters"
+
+# blank lines of a prompt-id file (spaces, a CR) are skipped, not read as empty prompts
+printf '5 6 7\n \n8 9 10\n\r\n11 12 13\n' > "$tmp/blank.ids"
+train -o "$tmp/blank.nectar" --steps 0 --prompt-ids "$tmp/blank.ids" > /dev/null 2> "$tmp/log"
+grep -q "^read 3 prompts" "$tmp/log" && ok "blank lines of --prompt-ids are not prompts" || fail "blank lines of --prompt-ids: $(grep '^read' "$tmp/log")"
 
 # the budget is floor(rho n) of the decimal rho: 0.53 x 200 = 106 pairs, though 0.53 is stored as 0.52999997
 train -o "$tmp/q53.nectar" --arch quad --rho 0.53 --steps 0 > "$tmp/q53.txt" 2> /dev/null
