@@ -123,7 +123,6 @@ expect_refusal "module file shorter than its header is refused" "shorter than" \
 { printf 'XXXX'; tail -c +5 "$tmp/fit.nectar"; } > "$tmp/magic.nectar"
 expect_refusal "module file with a bad magic number is refused" "not a Nectar module" \
     "$bin/infer" -m "$tmp/model.bin" -k "$tmp/magic.nectar" -I "$tmp/prompt.ids"
-seq 3 62 | tr '\n' ' ' > "$tmp/long_prompt.ids"
 # header fields (int32 at byte offsets): depths 24, 28, 32; n_doc 36; then 128 bytes of header and 3 x 2 table entries of 8
 cp "$tmp/fit.nectar" "$tmp/depths.nectar" && poke "$tmp/depths.nectar" 24 2147483647 2147483647 2
 expect_refusal "module file with depths whose sum overflows is refused" "inconsistent" \
@@ -137,6 +136,7 @@ expect_refusal "module file with a NaN parameter is refused" "is nan" \
 cp "$tmp/ck" "$tmp/ck_step" && poke "$tmp/ck_step" 8 -1
 expect_refusal "checkpoint with a negative step is refused" "step count is corrupt" \
     train -o "$tmp/x.nectar" --steps 400 --resume "$tmp/ck_step"
+seq 3 62 | tr '\n' ' ' > "$tmp/long_prompt.ids"
 expect_refusal "module (200 tokens) plus a 60-token prompt beyond the context of 256" "exceed the model's context" \
     "$bin/infer" -m "$tmp/model.bin" -k "$tmp/fit.nectar" -I "$tmp/long_prompt.ids"
 expect_refusal "train on a model file that is not one" "out of range" \
