@@ -97,6 +97,14 @@ build-asan/train: train.c nectar.c nectar.h | check-blas
 	@mkdir -p build-asan
 	$(CC) $(SAN_FLAGS) -std=c11 -D_GNU_SOURCE $(BLAS_CFLAGS) -o $@ train.c nectar.c $(BLAS_LIBS) $(LDLIBS)
 
+build-asan/benchmark: bench.c nectar.c nectar.h | check-blas
+	@mkdir -p build-asan
+	$(CC) $(SAN_FLAGS) -std=c11 -D_GNU_SOURCE $(BLAS_CFLAGS) -o $@ bench.c nectar.c $(BLAS_LIBS) $(LDLIBS)
+
+build-asan/pretrain: pretrain.c corpus.c corpus.h nectar.c nectar.h | check-blas
+	@mkdir -p build-asan
+	$(CC) $(SAN_FLAGS) -std=c11 -D_GNU_SOURCE $(BLAS_CFLAGS) -pthread -o $@ pretrain.c corpus.c nectar.c $(BLAS_LIBS) $(LDLIBS)
+
 build-asan/test_core: tests/test_core.c tests/check.h nectar.c nectar.h | check-blas
 	@mkdir -p build-asan
 	$(CC) $(SAN_FLAGS) -std=c11 -D_GNU_SOURCE $(BLAS_CFLAGS) -o $@ tests/test_core.c $(BLAS_LIBS) $(LDLIBS)
@@ -202,7 +210,7 @@ test-train: $(PROGRAMS) tests/random_model
 test-bad-input: $(PROGRAMS) tests/random_model
 	bash tests/test_bad_input.sh .
 
-test-asan: build-asan/infer build-asan/train build-asan/test_core tests/random_model
+test-asan: build-asan/infer build-asan/train build-asan/benchmark build-asan/pretrain build-asan/test_core tests/random_model
 	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_core > /dev/null
 	bash tests/test_bad_input.sh build-asan
 	bash tests/test_train.sh build-asan

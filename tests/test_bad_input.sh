@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Bad input must give one sentence on stderr ("error: ...") and exit status 1:
 # never a crash, a sanitizer report or a silently wrong result.
-# usage: tests/test_bad_input.sh BINDIR   (BINDIR holds infer and train)
+# usage: tests/test_bad_input.sh BINDIR   (BINDIR holds infer and train, and
+#        pretrain and benchmark where it has them)
 set -u
 bin=${1:-.}
 . "$(dirname "$0")/lib.sh"
@@ -132,7 +133,7 @@ expect_error "train --lr 3e38 diverges in its last step" "$bin/train" -m $model 
 expect_error "infer --gpu (CPU-only build)" "$bin/infer" -m $model -I "$tmp/prompt.ids" -n 2 --gpu
 expect_error "train --gpu (CPU-only build)" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --gpu
 
-# pretrain and benchmark (built at the top level only)
+# pretrain and benchmark (at the top level and in build-asan/)
 if [ -x "$bin/pretrain" ] && [ -x "$bin/benchmark" ]; then
     expect_error "pretrain --copy-start above 1" "$bin/pretrain" -o "$tmp/p" --copy-start 2
     expect_error "pretrain --batch 2^31 - 1" "$bin/pretrain" -o "$tmp/p" --batch 2147483647
