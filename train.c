@@ -662,7 +662,7 @@ int main(int argc, char **argv) {
         if (!tokp) { fprintf(stderr, "error: a text document needs a tokenizer (-z)\n"); return 1; }
         char *text = read_text_file(o.doc_text_path);
         if (!text) return 1;
-        doc_ids = xmalloc((strlen(text) + 3) * sizeof(int));
+        doc_ids = xmalloc((size_t)c->seq_len * sizeof(int));  /* (seq_len): a longer document is refused */
         n_doc = tokenizer_encode(tokp, text, 1, 0, doc_ids, c->seq_len);
         free(text);
         if (n_doc < 0) return 1;

@@ -715,7 +715,6 @@ static void test_kl_gradients(void) {
     model_free(&m);
 }
 
-/* clip_grad_norm and adamw_update against their closed forms. */
 /* The regression loss of train.c over every module, in doubles, from the
  * definition: module g of layer l sees head h = g (H/G) + j at each batch
  * position, and
@@ -792,6 +791,7 @@ static void test_regression_loss(ModuleArch arch) {
     moduleset_free(&s);
 }
 
+/* clip_grad_norm and adamw_update against their closed forms. */
 static void test_optimizer_steps(void) {
     printf("gradient clipping and AdamW against closed forms\n");
     float g[2] = {3, 4};
