@@ -67,47 +67,33 @@ all: $(PROGRAMS)
 check-blas:
 	@test -n "$(BLAS_LIBS)" || { echo "error: $(BLAS_HINT)" >&2; exit 1; }
 
-infer: infer.c nectar.c nectar.h | check-blas
-	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ infer.c nectar.c $(BLAS_LIBS) $(LDLIBS)
+# The sources of each program: its own, then the CPU reference (nectar.c)
+# and what the programs share. test_core and test_cuda_ref include nectar.c
+# itself, to reach its static helpers.
+LIB_SRC := nectar.c formats.c tokenizer.c cli.c util.c
+HEADERS := nectar.h corpus.h tests/check.h
+SRC_infer        := infer.c $(LIB_SRC)
+SRC_train        := train.c $(LIB_SRC)
+SRC_benchmark    := bench.c $(LIB_SRC)
+SRC_pretrain     := pretrain.c corpus.c $(LIB_SRC)
+SRC_test_core    := tests/test_core.c $(filter-out nectar.c,$(LIB_SRC))
+SRC_test_corpus  := tests/test_corpus.c corpus.c $(LIB_SRC)
+SRC_random_model := tests/random_model.c $(LIB_SRC)
+FLAGS_pretrain   := -pthread
 
-train: train.c nectar.c nectar.h | check-blas
-	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ train.c nectar.c $(BLAS_LIBS) $(LDLIBS)
+.SECONDEXPANSION:
+$(PROGRAMS): %: $$(SRC_%) $(HEADERS) | check-blas
+	$(CC) $(CFLAGS) $(BLAS_CFLAGS) $(FLAGS_$*) -o $@ $(SRC_$*) $(BLAS_LIBS) $(LDLIBS)
 
-benchmark: bench.c nectar.c nectar.h | check-blas
-	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ bench.c nectar.c $(BLAS_LIBS) $(LDLIBS)
+$(TESTS): tests/%: $$(SRC_%) $(HEADERS) | check-blas
+	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ $(SRC_$*) $(BLAS_LIBS) $(LDLIBS)
 
-pretrain: pretrain.c corpus.c corpus.h nectar.c nectar.h | check-blas
-	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -pthread -o $@ pretrain.c corpus.c nectar.c $(BLAS_LIBS) $(LDLIBS)
-
-tests/test_corpus: tests/test_corpus.c corpus.c corpus.h nectar.c nectar.h | check-blas
-	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ tests/test_corpus.c corpus.c nectar.c $(BLAS_LIBS) $(LDLIBS)
-
-tests/test_core: tests/test_core.c tests/check.h nectar.c nectar.h | check-blas
-	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ tests/test_core.c $(BLAS_LIBS) $(LDLIBS)
-
-tests/random_model: tests/random_model.c nectar.c nectar.h | check-blas
-	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ tests/random_model.c nectar.c $(BLAS_LIBS) $(LDLIBS)
-
-# The same programs under AddressSanitizer and UndefinedBehaviorSanitizer.
-build-asan/infer: infer.c nectar.c nectar.h | check-blas
+# The same programs (and test_core) under AddressSanitizer and
+# UndefinedBehaviorSanitizer.
+ASAN_BUILDS := $(addprefix build-asan/,$(PROGRAMS) test_core)
+$(ASAN_BUILDS): build-asan/%: $$(SRC_%) $(HEADERS) | check-blas
 	@mkdir -p build-asan
-	$(CC) $(SAN_FLAGS) -std=c11 -D_GNU_SOURCE $(BLAS_CFLAGS) -o $@ infer.c nectar.c $(BLAS_LIBS) $(LDLIBS)
-
-build-asan/train: train.c nectar.c nectar.h | check-blas
-	@mkdir -p build-asan
-	$(CC) $(SAN_FLAGS) -std=c11 -D_GNU_SOURCE $(BLAS_CFLAGS) -o $@ train.c nectar.c $(BLAS_LIBS) $(LDLIBS)
-
-build-asan/benchmark: bench.c nectar.c nectar.h | check-blas
-	@mkdir -p build-asan
-	$(CC) $(SAN_FLAGS) -std=c11 -D_GNU_SOURCE $(BLAS_CFLAGS) -o $@ bench.c nectar.c $(BLAS_LIBS) $(LDLIBS)
-
-build-asan/pretrain: pretrain.c corpus.c corpus.h nectar.c nectar.h | check-blas
-	@mkdir -p build-asan
-	$(CC) $(SAN_FLAGS) -std=c11 -D_GNU_SOURCE $(BLAS_CFLAGS) -pthread -o $@ pretrain.c corpus.c nectar.c $(BLAS_LIBS) $(LDLIBS)
-
-build-asan/test_core: tests/test_core.c tests/check.h nectar.c nectar.h | check-blas
-	@mkdir -p build-asan
-	$(CC) $(SAN_FLAGS) -std=c11 -D_GNU_SOURCE $(BLAS_CFLAGS) -o $@ tests/test_core.c $(BLAS_LIBS) $(LDLIBS)
+	$(CC) $(SAN_FLAGS) -std=c11 -D_GNU_SOURCE $(BLAS_CFLAGS) $(FLAGS_$*) -o $@ $(SRC_$*) $(BLAS_LIBS) $(LDLIBS)
 
 # CUDA kernels against the CPU reference: built only where nvcc is found;
 # without a GPU the test prints SKIP and passes.
@@ -118,21 +104,23 @@ nectar_cuda.o: nectar_cuda.cu nectar_cuda.h nectar.h
 GPU_PROGRAMS := build-gpu/infer build-gpu/train build-gpu/benchmark
 gpu: $(GPU_PROGRAMS)
 
+GPU_LIB := $(patsubst %.c,build-gpu/%.o,$(LIB_SRC))
 build-gpu/%.o: %.c nectar.h nectar_cuda.h | check-blas
 	@test -n "$(NVCC)" || { echo "error: nvcc was not found: the GPU programs need the CUDA toolkit" >&2; exit 1; }
 	@mkdir -p build-gpu
 	$(CC) $(CFLAGS) $(GPU_CFLAGS) $(BLAS_CFLAGS) -c $< -o $@
 
-build-gpu/infer build-gpu/train: build-gpu/%: build-gpu/%.o build-gpu/nectar.o nectar_cuda.o
+build-gpu/infer build-gpu/train: build-gpu/%: build-gpu/%.o $(GPU_LIB) nectar_cuda.o
 	$(CC) -o $@ $^ $(BLAS_LIBS) $(GPU_LIBS) $(LDLIBS)
 
-build-gpu/benchmark: build-gpu/bench.o build-gpu/nectar.o nectar_cuda.o
+build-gpu/benchmark: build-gpu/bench.o $(GPU_LIB) nectar_cuda.o
 	$(CC) -o $@ $^ $(BLAS_LIBS) $(GPU_LIBS) $(LDLIBS)
 
-tests/test_cuda: tests/test_cuda.cu tests/check.h tests/test_cuda_ref.c nectar_cuda.o nectar.c nectar.h | check-blas
+tests/test_cuda: tests/test_cuda.cu tests/check.h tests/test_cuda_ref.c nectar_cuda.o $(LIB_SRC) nectar.h | check-blas
 	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -c tests/test_cuda_ref.c -o tests/test_cuda_ref.o
 	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) -c tests/test_cuda.cu -o tests/test_cuda.o
-	$(CC) -o $@ tests/test_cuda.o nectar_cuda.o tests/test_cuda_ref.o $(BLAS_LIBS) $(GPU_LIBS) $(LDLIBS)
+	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ tests/test_cuda.o nectar_cuda.o tests/test_cuda_ref.o \
+	    $(filter-out nectar.c,$(LIB_SRC)) $(BLAS_LIBS) $(GPU_LIBS) $(LDLIBS)
 
 # A GPU is there when nvidia-smi lists one; the --gpu programs are then
 # checked against the CPU too.
@@ -159,6 +147,7 @@ EMU_CXX := $(CXX) -O1 -g -std=c++17 -Wall -Wextra -Wno-unused-parameter -Itests/
 EMU_CC := $(CC) -O1 -g -std=c11 -Wall -Wextra -Wno-unused-parameter -D_GNU_SOURCE -DNECTAR_CUDA -Itests/cuda_emu $(BLAS_CFLAGS)
 EMU_SRC := tests/cuda_emu/cuda_emu.cpp tests/cuda_emu/cuda_runtime.h tests/cuda_emu/cublas_v2.h tests/cuda_emu/cu2cpp.py
 
+EMU_LIB := $(patsubst %.c,$(EMU)/%.o,$(LIB_SRC))
 $(EMU)/%.o: %.c nectar.h nectar_cuda.h $(EMU_SRC) | check-blas
 	@mkdir -p $(EMU)
 	$(EMU_CC) -c $< -o $@
@@ -172,20 +161,21 @@ $(EMU)/cuda_emu.o: $(EMU_SRC) | check-blas
 	@mkdir -p $(EMU)
 	$(EMU_CXX) -c tests/cuda_emu/cuda_emu.cpp -o $@
 
-$(EMU)/test_cuda: tests/test_cuda.cu tests/check.h tests/test_cuda_ref.c nectar.c nectar.h $(EMU)/nectar_cuda.o $(EMU)/cuda_emu.o | check-blas
+$(EMU)/test_cuda: tests/test_cuda.cu tests/check.h tests/test_cuda_ref.c $(LIB_SRC) nectar.h $(EMU)/nectar_cuda.o $(EMU)/cuda_emu.o $(filter-out $(EMU)/nectar.o,$(EMU_LIB)) | check-blas
 	python3 tests/cuda_emu/cu2cpp.py tests/test_cuda.cu > $(EMU)/test_cuda.cpp
 	$(EMU_CXX) -c $(EMU)/test_cuda.cpp -o $(EMU)/test_cuda.o
 	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -c tests/test_cuda_ref.c -o $(EMU)/test_cuda_ref.o
-	$(CXX) -o $@ $(EMU)/test_cuda.o $(EMU)/nectar_cuda.o $(EMU)/cuda_emu.o $(EMU)/test_cuda_ref.o $(BLAS_LIBS) -lm
+	$(CXX) -o $@ $(EMU)/test_cuda.o $(EMU)/nectar_cuda.o $(EMU)/cuda_emu.o $(EMU)/test_cuda_ref.o \
+	    $(filter-out $(EMU)/nectar.o,$(EMU_LIB)) $(BLAS_LIBS) -lm
 
 $(EMU)/selftest: tests/cuda_emu/selftest.cu $(EMU)/cuda_emu.o
 	python3 tests/cuda_emu/cu2cpp.py tests/cuda_emu/selftest.cu > $(EMU)/selftest.cpp
 	$(EMU_CXX) -o $@ $(EMU)/selftest.cpp $(EMU)/cuda_emu.o $(BLAS_LIBS) -lm
 
-$(EMU)/infer $(EMU)/train: $(EMU)/%: $(EMU)/%.o $(EMU)/nectar.o $(EMU)/nectar_cuda.o $(EMU)/cuda_emu.o
+$(EMU)/infer $(EMU)/train: $(EMU)/%: $(EMU)/%.o $(EMU_LIB) $(EMU)/nectar_cuda.o $(EMU)/cuda_emu.o
 	$(CXX) -o $@ $^ $(BLAS_LIBS) -lm
 
-$(EMU)/benchmark: $(EMU)/bench.o $(EMU)/nectar.o $(EMU)/nectar_cuda.o $(EMU)/cuda_emu.o
+$(EMU)/benchmark: $(EMU)/bench.o $(EMU_LIB) $(EMU)/nectar_cuda.o $(EMU)/cuda_emu.o
 	$(CXX) -o $@ $^ $(BLAS_LIBS) -lm
 
 test-cuda-emu: $(EMU)/selftest $(EMU)/test_cuda $(EMU)/infer $(EMU)/train $(EMU)/benchmark
@@ -210,7 +200,7 @@ test-train: $(PROGRAMS) tests/random_model
 test-bad-input: $(PROGRAMS) tests/random_model
 	bash tests/test_bad_input.sh .
 
-test-asan: build-asan/infer build-asan/train build-asan/benchmark build-asan/pretrain build-asan/test_core tests/random_model
+test-asan: $(ASAN_BUILDS) tests/random_model
 	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_core > /dev/null
 	bash tests/test_bad_input.sh build-asan
 	bash tests/test_train.sh build-asan

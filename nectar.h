@@ -1,4 +1,4 @@
-/* nectar.h - Nectar in C: the public API of the CPU reference (nectar.c).
+/* nectar.h - Nectar in C: the API of the CPU reference.
  *
  * Nectar replaces a fixed document's KV cache by one small module per layer
  * and KV head. A module maps a rotated query q to an attention *state*
@@ -14,8 +14,19 @@
  *   B  tokens in one forward block            N  queries in a module batch
  *   w  MLP module width       p  quadrature pairs
  *
- * Conventions: fp32; natural log; llama2.c "v0" checkpoints and tokenizer.bin;
- * errors print one sentence on stderr and return -1 (or NULL).
+ * Where each part lives:
+ *   nectar.c     the method: attention states and their merge, the modules,
+ *                the losses and the fitting step, the transformer's forward
+ *                and backward (exact and Nectar side by side), evaluation
+ *   formats.c    files: llama2.c checkpoints, module files, text and
+ *                token-id files, atomic writes
+ *   tokenizer.c  the llama2.c tokenizer.bin
+ *   cli.c        what the programs share: option parsing, progress lines,
+ *                tables and JSON of the metrics
+ *   util.c       memory, time, random numbers, hashing, sampling
+ *
+ * Conventions: fp32; natural log; errors print one sentence on stderr and
+ * return -1 (or NULL).
  */
 #ifndef NECTAR_H
 #define NECTAR_H
@@ -25,7 +36,7 @@
 #include <stdint.h>
 
 /* ------------------------------------------------------------------------ */
-/* Model (llama2.c v0 checkpoint)                                           */
+/* The model: a llama2.c transformer (formats.c loads and writes it)        */
 
 typedef struct {
     int dim;          /* D */
@@ -61,51 +72,8 @@ typedef struct {
     uint64_t fingerprint;   /* hash of config and weights */
 } Model;
 
-int  model_load(Model *m, const char *path);
-/* Allocates a model of the given shape with weights drawn from a seeded
- * normal distribution (scale `std`; RMSNorm weights 1). For tests and demos. */
-int  model_init_random(Model *m, Config c, int shared_classifier, uint64_t seed, float std);
-int  model_save(const Model *m, const char *path);
-void model_free(Model *m);
-/* Points w at the tensors of a block laid out like Model.params (the
- * weights, or their gradients). */
-void weights_view(const Config *c, int shared_classifier, float *base, Weights *w);
-/* Sets params views and the fingerprint after params changed. */
-void model_refresh(Model *m);
-/* A sentence and -1 if any id is outside [0, V). `what` names the input. */
-int  check_tokens(const Model *m, const int *tokens, int n, const char *what);
-
 /* ------------------------------------------------------------------------ */
-/* Tokenizer (llama2.c tokenizer.bin) and token-id files                    */
-
-typedef struct {
-    int vocab_size;
-    int max_token_length;
-    char **vocab;                   /* (V) NUL-terminated pieces */
-    float *scores;                  /* (V) merge scores */
-    int *sorted_ids;                /* (V) ids sorted by piece, for lookup */
-    unsigned char byte_pieces[512]; /* each byte as a 1-char string */
-} Tokenizer;
-
-/* vocab_size 0: every entry in the file. */
-int  tokenizer_load(Tokenizer *t, const char *path, int vocab_size);
-void tokenizer_free(Tokenizer *t);
-/* BPE encode as llama2.c does. Returns the count, or -1 (with a message) if
- * it is more than max_tokens; tokens holds max_tokens. */
-int  tokenizer_encode(const Tokenizer *t, const char *text, int bos, int eos,
-                      int *tokens, int max_tokens);
-/* The piece to print for `token` after `prev_token`; NULL if out of range. */
-const char *tokenizer_decode(const Tokenizer *t, int prev_token, int token);
-/* Whitespace-separated integers; returns the count and a malloc'd array. */
-int  read_token_ids(const char *path, int **ids);
-/* Writes n_parts buffers to path atomically: a temporary file, then rename. */
-int write_file_atomic(const char *path, const void *const *parts, const size_t *sizes, int n_parts);
-/* A whole text file, NUL-terminated, malloc'd; NULL after a sentence (also
- * for a file with a NUL byte in it). */
-char *read_text_file(const char *path);
-
-/* ------------------------------------------------------------------------ */
-/* Attention states (GUIDE section 1)                                       */
+/* 1. Attention states and their merge                                      */
 
 /* state = (A, lse); the empty set is (0, -inf).
  * attention_states: for nq queries against nk keys/values,
@@ -138,7 +106,7 @@ void gate_merge(int d, const float *A_doc, float a_doc, const float *A_loc,
                 float lse_loc, float *out);
 
 /* ------------------------------------------------------------------------ */
-/* Nectar modules: one per (layer, KV head)                                 */
+/* 2. Nectar modules: one per (layer, KV head)                              */
 
 typedef enum { ARCH_MLP = 1, ARCH_QUAD = 2 } ModuleArch;
 
@@ -158,10 +126,6 @@ typedef struct {
     int *tokens;              /* (offsets[n_prompts]) */
     unsigned char *challenge; /* (n_prompts) 1: in the challenge split */
 } PromptSet;
-
-/* The longest prompt's length (at least 1). */
-int  promptset_max_len(const PromptSet *p);
-void promptset_free(PromptSet *p);
 
 typedef struct {
     ModuleArch arch;
@@ -194,16 +158,14 @@ size_t mlp_layout(int d, int w, int Db, int Ds, int Dt, float *base, MlpParams *
 size_t mlp_param_count(int d, int w, int Db, int Ds, int Dt);
 /* The largest width whose parameter count fits `budget`; 0 if none. */
 int    mlp_width_for_budget(int d, long budget, int Db, int Ds, int Dt);
+/* Parameters of one module of the set's architecture and this size (w or p). */
+size_t module_param_count(const ModuleSet *s, int size);
 /* 1 when the MLP depths are each >= 0 and sum to at most MAX_HIDDEN. */
 int    depths_valid(int Db, int Ds, int Dt);
 /* Allocates a set; widths (MLP) or pair counts (quad) per layer: (L). */
 int  moduleset_alloc(ModuleSet *s, ModuleArch arch, int L, int G, int d,
                      int Db, int Ds, int Dt, const int *size_per_layer, int with_grads);
 void moduleset_free(ModuleSet *s);
-int  moduleset_save(const ModuleSet *s, const char *path);
-/* Refuses a file fitted to another model or document (fingerprints given;
- * 0 skips that check) with a sentence. */
-int  moduleset_load(ModuleSet *s, const char *path, uint64_t model_fp, uint64_t doc_fp);
 
 /* Scratch for a batch of up to max_q queries through one module. */
 typedef struct {
@@ -238,7 +200,7 @@ void module_backward(const ModuleSet *s, const Module *mod, ModuleWork *w,
                      const float *q, int N, const float *A, const float *da, const float *dA, float *dq);
 
 /* ------------------------------------------------------------------------ */
-/* Fitting: the regression loss and AdamW (train.c's loop)                  */
+/* 3. Losses and the fitting step                                           */
 
 /* What the full-cache model records at P positions, per layer: the targets
  * of the regression loss. */
@@ -271,6 +233,10 @@ void fitbatch_free(FitBatch *b);
  * modules. w holds N queries. */
 double regression_grads(ModuleSet *s, ModuleWork *w, FitBatch *b, const FitTargets *t, int n_heads,
                         float lambda_alpha, float lambda_A);
+/* Mean over ntok positions of KL(softmax(teacher) || softmax(student));
+ * if dlogits (ntok, V) is not NULL, its gradient with respect to the
+ * student's logits. */
+double kl_loss(const float *teacher_logits, const float *student_logits, int ntok, int V, float *dlogits);
 /* Scales grads (n) down to norm max_norm when their norm is larger; returns
  * the norm before. */
 double clip_grad_norm(float *grads, size_t n, double max_norm);
@@ -286,7 +252,7 @@ void adamw_update(float *params, const float *grads, float *m, float *v, size_t 
                   float beta2);
 
 /* ------------------------------------------------------------------------ */
-/* Forward pass                                                             */
+/* 4. The transformer's forward and backward passes                         */
 
 typedef struct DocCache {
     int n;          /* document tokens */
@@ -296,8 +262,8 @@ typedef struct DocCache {
     uint64_t fingerprint; /* hash of the document's token ids */
 } DocCache;
 
-/* Where the document's attention state comes from. No document: DOC_EXACT
- * with cache NULL and n 0 (its state is empty, (0, -inf)). */
+/* Where the document's attention state comes from: its KV cache (exact) or
+ * its modules (Nectar). */
 typedef enum { DOC_EXACT = 1, DOC_NECTAR = 2 } DocMode;
 
 typedef struct {
@@ -308,8 +274,37 @@ typedef struct {
     const ModuleSet *modules;    /* DOC_NECTAR */
 } Document;
 
+/* No document: the exact path with no cache, whose state is the empty
+ * state (0, -inf); the local tokens start at position 0. */
+extern const Document NO_DOCUMENT;
+
+/* What the teacher pass records (runstate_enable_taps): every layer's
+ * queries and document states. */
+typedef struct {
+    float *q;       /* (L, B, D) rotated queries */
+    float *doc_A;   /* (L, B, D) document state A per query head */
+    float *doc_lse; /* (L, B, H) document state lse (alpha) */
+} TeacherTaps;
+
+/* What backward needs (runstate_enable_backward): forward keeps every
+ * layer's input, backward recomputes each layer from it. Each gradient has
+ * the shape of its forward twin (d + the RunState buffer's name). */
+typedef struct {
+    float *saved_x;     /* (L + 1, B, D) input of layer l; the final residual at L */
+    float *dx, *dx_mid, *dxb, *dq, *datt;  /* (B, D) */
+    float *dk, *dv;                        /* (B, KVD) */
+    float *dhb, *dhb2, *dhgate;            /* (B, F) */
+    float *ddoc_A, *dloc_A;                /* (B, D) */
+    float *ddoc_lse, *dloc_lse;            /* (B, H) */
+    float *dmq, *dmA, *dma;                /* module twins: (B * H, d), (B * H, d), (B * H) */
+    float *tmp;                            /* (B, max(n, capacity)) */
+} BackwardBuffers;
+
+/* The forward buffers of a block of up to B tokens, the local KV cache, and
+ * the optional taps and backward buffers. */
 typedef struct {
     int max_block, capacity, max_doc;  /* B, local tokens cached, n */
+    int with_modules;                  /* sized for a document's modules (DOC_NECTAR) */
     float *x;       /* (B, D) residual stream */
     float *xb;      /* (B, D) rmsnorm(x) before attention (and before the classifier) */
     float *q;       /* (B, D) queries of every head, rotated */
@@ -329,26 +324,23 @@ typedef struct {
     float *logits;  /* (B, V) */
     float *key_cache;   /* (L, capacity, KVD) local keys, rotated */
     float *value_cache; /* (L, capacity, KVD) */
-    float *mq;          /* (B * H, d) queries gathered per module */
+    float *mq;          /* (B * H, d) queries gathered per module (DOC_NECTAR) */
     float *ma;          /* (B * H) module scores */
     float *mA;          /* (B * H, d) module targets */
     ModuleWork work;    /* for DOC_NECTAR */
-    /* taps: when not NULL, forward copies every layer's queries and document
-     * states here (what the teacher pass records) */
-    float *tap_q;       /* (L, B, D) rotated queries */
-    float *tap_doc_A;   /* (L, B, D) document state A per query head */
-    float *tap_doc_lse; /* (L, B, H) document state lse (alpha) */
-    /* training (runstate_enable_backward): forward keeps every layer's input,
-     * backward recomputes each layer from it */
-    float *saved_x;     /* (L + 1, B, D) input of layer l; the final residual at L */
-    float *dx, *dx_mid, *dxb, *dq, *dk, *dv, *datt;   /* shapes of x, x, xb, q, k, v, att */
-    float *dhb, *dhb2, *dhgate;                     /* (B, F) */
-    float *ddoc_A, *dloc_A, *ddoc_lse, *dloc_lse;   /* (B, D), (B, D), (B, H), (B, H) */
-    float *dmq, *dma, *dmA;                         /* module twins: (B * H, d), (B * H), (B * H, d) */
-    float *tmp;         /* (B, max(n, capacity)) */
+    TeacherTaps taps;   /* NULL unless runstate_enable_taps: forward copies into them */
+    BackwardBuffers back; /* NULL unless runstate_enable_backward */
     int block_pos, block_ntok;  /* local position and length of the last forward's block */
 } RunState;
 
+/* The buffers of a run state by group, with their sizes in floats: the one
+ * table that allocating and freeing read, on the CPU and the GPU (adding a
+ * buffer is one line there). A size of 0 leaves the buffer NULL. The shape
+ * fields of s (max_block, capacity, max_doc, with_modules) must be set. */
+typedef enum { BUFFERS_FORWARD, BUFFERS_TAPS, BUFFERS_BACKWARD } BufferGroup;
+typedef struct { float **buf; size_t floats; } RunBuffer;
+enum { MAX_RUN_BUFFERS = 32 };
+int  runstate_buffers(RunState *s, const Config *c, BufferGroup group, RunBuffer table[MAX_RUN_BUFFERS]);
 void runstate_alloc(RunState *s, const Model *m, const Document *doc, int max_block, int capacity);
 void runstate_free(RunState *s);
 /* Allocates the taps (freed with the run state). */
@@ -382,7 +374,7 @@ void doccache_free(DocCache *c);
 uint64_t document_fingerprint(const int *tokens, int n);
 
 /* ------------------------------------------------------------------------ */
-/* Evaluation (GUIDE section 1, metrics)                                    */
+/* 5. Evaluation                                                            */
 
 typedef struct {
     int n_prompts, n_positions;   /* prompts, and next-token predictions counted */
@@ -395,44 +387,78 @@ typedef struct {
     double *score_mse_layer, *target_mse_layer;  /* (L) */
 } EvalResult;
 
-/* Mean over ntok positions of KL(softmax(teacher) || softmax(student));
- * if dlogits (ntok, V) is not NULL, its gradient with respect to the
- * student's logits. */
-double kl_loss(const float *teacher_logits, const float *student_logits, int ntok, int V, float *dlogits);
-
 /* Runs the full-cache, Nectar and no-document models over each prompt of
  * `prompts` placed after the document (challenge_only: only those marked).
  * Returns -1 with a message if the modules' outputs are not finite. */
 int  evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
               int challenge_only, EvalResult *r);
 void evalresult_free(EvalResult *r);
-/* Human-readable table, or the body of a JSON object. */
-void print_eval_table(FILE *f, const char *title, const EvalResult *r, int n_layers);
-void print_eval_json(FILE *f, const EvalResult *r);
+/* The longest prompt's length (at least 1). */
+int  promptset_max_len(const PromptSet *p);
+void promptset_free(PromptSet *p);
 
 /* ------------------------------------------------------------------------ */
-/* Sampling and utilities                                                   */
+/* Files (formats.c)                                                        */
 
-typedef struct { float prob; int index; } Candidate;
+/* llama2.c "v0" checkpoints: seven int32 header fields (dim, hidden_dim,
+ * n_layers, n_heads, n_kv_heads, vocab_size, seq_len; a negative vocab_size
+ * means an unshared classifier), then the fp32 tensors. */
+int  model_load(Model *m, const char *path);
+/* Allocates a model of the given shape with weights drawn from a seeded
+ * normal distribution (scale `std`; RMSNorm weights 1). For tests and demos. */
+int  model_init_random(Model *m, Config c, int shared_classifier, uint64_t seed, float std);
+int  model_save(const Model *m, const char *path);
+void model_free(Model *m);
+/* Points w at the tensors of a block laid out like Model.params (the
+ * weights, or their gradients). */
+void weights_view(const Config *c, int shared_classifier, float *base, Weights *w);
+/* Sets params views and the fingerprint after params changed. */
+void model_refresh(Model *m);
+/* A sentence and -1 if any id is outside [0, V). `what` names the input. */
+int  check_tokens(const Model *m, const int *tokens, int n, const char *what);
+
+/* Module files: a fixed header, the module table, the parameters and the
+ * held-out prompts. load refuses a file fitted to another model or
+ * document (fingerprints given; 0 skips that check) with a sentence. */
+int  moduleset_save(const ModuleSet *s, const char *path);
+int  moduleset_load(ModuleSet *s, const char *path, uint64_t model_fp, uint64_t doc_fp);
+
+/* Whitespace-separated integers; returns the count and a malloc'd array. */
+int  read_token_ids(const char *path, int **ids);
+/* A whole text file, NUL-terminated, malloc'd; NULL after a sentence (also
+ * for a file with a NUL byte in it). */
+char *read_text_file(const char *path);
+/* A whole file, malloc'd with a NUL after its last byte; NULL after a sentence. */
+unsigned char *read_file(const char *path, size_t *size);
+/* Writes n_parts buffers to path atomically: a temporary file, then rename. */
+int  write_file_atomic(const char *path, const void *const *parts, const size_t *sizes, int n_parts);
+/* Index of the first NaN or infinity in x (n), or n if every value is finite. */
+size_t first_nonfinite(const float *x, size_t n);
+
+/* ------------------------------------------------------------------------ */
+/* Tokenizer: llama2.c tokenizer.bin (tokenizer.c)                          */
+
 typedef struct {
-    float temperature, topp;
-    uint64_t rng;
-    Candidate *cand;  /* (V) probabilities, sorted for top-p */
-} Sampler;
+    int vocab_size;
+    int max_token_length;
+    char **vocab;                   /* (V) NUL-terminated pieces */
+    float *scores;                  /* (V) merge scores */
+    int *sorted_ids;                /* (V) ids sorted by piece, for lookup */
+    unsigned char byte_pieces[512]; /* each byte as a 1-char string */
+} Tokenizer;
 
-void sampler_init(Sampler *s, int vocab_size, float temperature, float topp, uint64_t seed);
-void sampler_free(Sampler *s);
-int  sample(Sampler *s, const float *logits, int n);
-int  argmax(const float *x, int n);
+/* vocab_size 0: every entry in the file. */
+int  tokenizer_load(Tokenizer *t, const char *path, int vocab_size);
+void tokenizer_free(Tokenizer *t);
+/* BPE encode as llama2.c does. Returns the count, or -1 (with a message) if
+ * it is more than max_tokens; tokens holds max_tokens. */
+int  tokenizer_encode(const Tokenizer *t, const char *text, int bos, int eos,
+                      int *tokens, int max_tokens);
+/* The piece to print for `token` after `prev_token`; NULL if out of range. */
+const char *tokenizer_decode(const Tokenizer *t, int prev_token, int token);
 
-/* dst row r (stride ld_dst) = src row r (stride ld_src), `width` floats each:
- * gathers the query heads of a KV group into one batch, and back. */
-void copy_rows(float *dst, int ld_dst, const float *src, int ld_src, int rows, int width);
-uint64_t fnv1a(uint64_t h, const void *data, size_t n);
-#define FNV_OFFSET 1469598103934665603ULL
-uint32_t rng_u32(uint64_t *state);
-float    rng_uniform(uint64_t *state);   /* [0, 1) */
-float    rng_normal(uint64_t *state);
+/* ------------------------------------------------------------------------ */
+/* What the programs share (cli.c)                                          */
 
 /* Command-line numbers: all of `text` as an int within int's range, a finite
  * float, or an unsigned 64-bit seed. Anything else (empty, trailing junk,
@@ -445,14 +471,45 @@ int parse_seed_option(const char *option, const char *text, unsigned long long *
  * when it is one of value_options (" -a --bee ... ", each between spaces),
  * else "is unknown". */
 void report_last_option(const char *option, const char *value_options);
-
 /* What --gpu says in the CPU-only build. */
 #define NO_GPU_SUPPORT "this is the CPU-only build; --gpu is in build-gpu/ (make gpu, where nvcc is found)"
+
+/* "\r<what> done/total  <elapsed>s  ETA <eta>s" on stderr, for a loop that
+ * started at t_start (now_seconds()). */
+void print_progress(const char *what, int done, int total, double t_start);
+/* The metrics as a human-readable table, or as the body of a JSON object. */
+void print_eval_table(FILE *f, const char *title, const EvalResult *r, int n_layers);
+void print_eval_json(FILE *f, const EvalResult *r);
+
+/* ------------------------------------------------------------------------ */
+/* Utilities and sampling (util.c)                                          */
 
 /* Checked allocation: zeroed memory (calloc), or a sentence naming the file
  * and line and exit(1). Code relies on the zeroing. */
 void *check_malloc(size_t n, const char *file, int line);
 #define xmalloc(n) check_malloc((n), __FILE__, __LINE__)
 double now_seconds(void);
+/* dst row r (stride ld_dst) = src row r (stride ld_src), `width` floats each:
+ * gathers the query heads of a KV group into one batch, and back. */
+void copy_rows(float *dst, int ld_dst, const float *src, int ld_src, int rows, int width);
+uint64_t fnv1a(uint64_t h, const void *data, size_t n);
+#define FNV_OFFSET 1469598103934665603ULL
+uint32_t rng_u32(uint64_t *state);
+float    rng_uniform(uint64_t *state);   /* [0, 1) */
+float    rng_normal(uint64_t *state);
+int      argmax(const float *x, int n);
+
+typedef struct { float prob; int index; } Candidate;
+typedef struct {
+    float temperature, topp;
+    uint64_t rng;
+    Candidate *cand;  /* (V) probabilities, sorted for top-p */
+} Sampler;
+
+void sampler_init(Sampler *s, int vocab_size, float temperature, float topp, uint64_t seed);
+void sampler_free(Sampler *s);
+/* Greedy at temperature 0; else a draw from softmax(logits / temperature),
+ * restricted to the top-p mass when 0 < topp < 1. */
+int  sample(Sampler *s, const float *logits, int n);
 
 #endif

@@ -864,35 +864,25 @@ void doccache_free_cuda(DocCache *dev) {
     memset(dev, 0, sizeof(*dev));
 }
 
+/* The buffers of a group from nectar.c's table, in device memory. */
+static void alloc_buffers_cuda(RunState *s, const Config *c, BufferGroup group) {
+    RunBuffer table[MAX_RUN_BUFFERS];
+    int n = runstate_buffers(s, c, group, table);
+    for (int i = 0; i < n; i++) *table[i].buf = (float *)cuda_xmalloc(table[i].floats * sizeof(float));
+}
+
 void runstate_alloc_cuda(RunStateCuda *rs, const Model *m, const Document *doc, int max_block, int capacity) {
     memset(rs, 0, sizeof(*rs));
     RunState *s = &rs->s;
     const Config *c = &m->config;
-    size_t B = max_block, D = c->dim, F = c->hidden_dim, H = c->n_heads, d = D / H;
-    size_t KVD = d * c->n_kv_heads;
+    size_t B = max_block, H = c->n_heads, d = c->dim / H;
     s->max_block = max_block;
     s->capacity = capacity;
     s->max_doc = doc && doc->mode == DOC_EXACT && doc->cache ? doc->cache->n : 0;
+    s->with_modules = doc && doc->mode == DOC_NECTAR;
+    alloc_buffers_cuda(s, c, BUFFERS_FORWARD);
+    if (s->with_modules) modulework_alloc_cuda(&s->work, doc->modules, (int)(B * H));  /* all G modules of a layer */
     size_t keys = s->max_doc > capacity ? s->max_doc : capacity;
-    float **model_rows[] = {&s->x, &s->xb, &s->q, &s->att, &s->doc_A, &s->loc_A, &s->x_mid, &s->xb2};
-    for (size_t i = 0; i < sizeof(model_rows) / sizeof(model_rows[0]); i++)
-        *model_rows[i] = (float *)cuda_xmalloc(B * D * sizeof(float));            /* (B, D) */
-    float **ffn_rows[] = {&s->hb, &s->hb2, &s->hgate};
-    for (int i = 0; i < 3; i++) *ffn_rows[i] = (float *)cuda_xmalloc(B * F * sizeof(float));  /* (B, F) */
-    s->k = (float *)cuda_xmalloc(B * KVD * sizeof(float));                     /* (B, KVD) */
-    s->v = (float *)cuda_xmalloc(B * KVD * sizeof(float));
-    s->doc_lse = (float *)cuda_xmalloc(B * H * sizeof(float));                 /* (B, H) */
-    s->loc_lse = (float *)cuda_xmalloc(B * H * sizeof(float));
-    s->scores = (float *)cuda_xmalloc(B * keys * sizeof(float));               /* (B, max(n, capacity)) */
-    s->logits = (float *)cuda_xmalloc(B * c->vocab_size * sizeof(float));      /* (B, V) */
-    s->key_cache = (float *)cuda_xmalloc((size_t)c->n_layers * capacity * KVD * sizeof(float));    /* (L, capacity, KVD) */
-    s->value_cache = (float *)cuda_xmalloc((size_t)c->n_layers * capacity * KVD * sizeof(float));
-    if (doc && doc->mode == DOC_NECTAR) {
-        s->mq = (float *)cuda_xmalloc(B * D * sizeof(float));  /* (G, B H / G, d) */
-        s->ma = (float *)cuda_xmalloc(B * H * sizeof(float));  /* (G, B H / G) */
-        s->mA = (float *)cuda_xmalloc(B * D * sizeof(float));  /* (G, B H / G, d) */
-        modulework_alloc_cuda(&s->work, doc->modules, (int)(B * H));  /* all G modules of a layer at once */
-    }
     size_t chunks = attention_decode_chunks_cuda((int)keys);
     rs->part_A = (float *)cuda_xmalloc(H * chunks * d * sizeof(float));  /* (H, chunks, d) */
     rs->part_lse = (float *)cuda_xmalloc(H * chunks * sizeof(float));    /* (H, chunks) */
@@ -901,16 +891,16 @@ void runstate_alloc_cuda(RunStateCuda *rs, const Model *m, const Document *doc, 
 }
 
 void runstate_free_cuda(RunStateCuda *rs) {
+    static const Config any = {1, 1, 1, 1, 1, 1, 1};  /* the table's pointers do not depend on sizes */
     RunState *s = &rs->s;
-    float *bufs[] = {s->x, s->xb, s->q, s->k, s->v, s->att, s->doc_A, s->doc_lse, s->loc_A, s->loc_lse,
-                     s->x_mid, s->xb2, s->hb, s->hb2, s->hgate, s->scores, s->logits, s->key_cache,
-                     s->value_cache, s->mq, s->ma, s->mA, rs->part_A, rs->part_lse};
-    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) CUDA_CHECK(cudaFree(bufs[i]));
-    float *grads[] = {s->saved_x, s->dx, s->dx_mid, s->dxb, s->dq, s->dk, s->dv, s->datt, s->dhb, s->dhb2,
-                      s->dhgate, s->ddoc_A, s->dloc_A, s->ddoc_lse, s->dloc_lse, s->dmq, s->dma, s->dmA, s->tmp,
-                      rs->dlogits};
-    for (size_t i = 0; i < sizeof(grads) / sizeof(grads[0]); i++) CUDA_CHECK(cudaFree(grads[i]));
+    RunBuffer table[MAX_RUN_BUFFERS];
+    for (int g = BUFFERS_FORWARD; g <= BUFFERS_BACKWARD; g++) {
+        int n = runstate_buffers(s, &any, (BufferGroup)g, table);
+        for (int i = 0; i < n; i++) CUDA_CHECK(cudaFree(*table[i].buf));
+    }
     if (s->work.x) modulework_free_cuda(&s->work);
+    float *bufs[] = {rs->part_A, rs->part_lse, rs->dlogits};
+    for (int i = 0; i < 3; i++) CUDA_CHECK(cudaFree(bufs[i]));
     CUDA_CHECK(cudaFree(rs->tokens));
     free(rs->logits);
     memset(rs, 0, sizeof(*rs));
@@ -985,6 +975,24 @@ static void document_states_nectar_cuda(const Model *m, RunStateCuda *rs, const 
     }
 }
 
+/* The two attention paths of nectar.c, side by side: they differ in one
+ * line only, where the document's state (A, lse) comes from. */
+static void attention_exact_cuda(const Model *m, RunStateCuda *rs, const Document *doc, int l, int ntok, int pos) {
+    RunState *s = &rs->s;
+    int d = m->config.dim / m->config.n_heads;
+    document_states_exact_cuda(m, rs, doc->cache, l, ntok);     /* the document's KV cache */
+    local_states_cuda(m, rs, l, ntok, pos);
+    merge_states_cuda(ntok * m->config.n_heads, d, s->doc_A, s->doc_lse, s->loc_A, s->loc_lse, s->att, NULL);
+}
+
+static void attention_nectar_cuda(const Model *m, RunStateCuda *rs, const Document *doc, int l, int ntok, int pos) {
+    RunState *s = &rs->s;
+    int d = m->config.dim / m->config.n_heads;
+    document_states_nectar_cuda(m, rs, doc->modules, l, ntok);  /* the document's modules */
+    local_states_cuda(m, rs, l, ntok, pos);
+    merge_states_cuda(ntok * m->config.n_heads, d, s->doc_A, s->doc_lse, s->loc_A, s->loc_lse, s->att, NULL);
+}
+
 /* One transformer layer over the block: s->x (ntok, D) in, s->x out. */
 static void layer_forward_cuda(const Model *m, RunStateCuda *rs, const Document *doc, int l, int ntok, int pos) {
     RunState *s = &rs->s;
@@ -1002,11 +1010,8 @@ static void layer_forward_cuda(const Model *m, RunStateCuda *rs, const Document 
     CUDA_CHECK(cudaMemcpy(s->key_cache + cache_row, s->k, (size_t)ntok * KVD * sizeof(float), cudaMemcpyDeviceToDevice));
     CUDA_CHECK(cudaMemcpy(s->value_cache + cache_row, s->v, (size_t)ntok * KVD * sizeof(float), cudaMemcpyDeviceToDevice));
 
-    /* exact or Nectar: where the document's state comes from */
-    if (doc->mode == DOC_NECTAR) document_states_nectar_cuda(m, rs, doc->modules, l, ntok);
-    else document_states_exact_cuda(m, rs, doc->cache, l, ntok);
-    local_states_cuda(m, rs, l, ntok, pos);
-    merge_states_cuda(ntok * c->n_heads, d, s->doc_A, s->doc_lse, s->loc_A, s->loc_lse, s->att, NULL);
+    if (doc->mode == DOC_NECTAR) attention_nectar_cuda(m, rs, doc, l, ntok, pos);
+    else attention_exact_cuda(m, rs, doc, l, ntok, pos);
 
     /* x_mid = x + att Wo^T */
     CUDA_CHECK(cudaMemcpy(s->x_mid, s->x, (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
@@ -1033,12 +1038,13 @@ int forward_cuda(const Model *m, RunStateCuda *rs, const Document *doc, const in
     CUDA_CHECK(cudaGetLastError());
     size_t layer_rows = (size_t)s->max_block * D;  /* saved_x: (L + 1, B, D) */
     for (int l = 0; l < c->n_layers; l++) {
-        if (s->saved_x) CUDA_CHECK(cudaMemcpy(s->saved_x + l * layer_rows, s->x, (size_t)ntok * D * sizeof(float),
-                                              cudaMemcpyDeviceToDevice));
+        float *saved = s->back.saved_x;  /* kept for backward: layer l's input */
+        if (saved) CUDA_CHECK(cudaMemcpy(saved + l * layer_rows, s->x, (size_t)ntok * D * sizeof(float),
+                                         cudaMemcpyDeviceToDevice));
         layer_forward_cuda(m, rs, doc, l, ntok, pos);
     }
-    if (s->saved_x) CUDA_CHECK(cudaMemcpy(s->saved_x + c->n_layers * layer_rows, s->x, (size_t)ntok * D * sizeof(float),
-                                          cudaMemcpyDeviceToDevice));
+    if (s->back.saved_x) CUDA_CHECK(cudaMemcpy(s->back.saved_x + c->n_layers * layer_rows, s->x,
+                                               (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
     if (logits == LOGITS_NONE) return 0;
     int first = logits == LOGITS_ALL ? 0 : ntok - 1, rows = ntok - first;
     rmsnorm_cuda(s->xb + (size_t)first * D, s->x + (size_t)first * D, m->w.rms_final, rows, D);
@@ -1053,22 +1059,9 @@ int forward_cuda(const Model *m, RunStateCuda *rs, const Document *doc, const in
 /* Backward pass (module gradients only): layer_backward of nectar.c         */
 
 void runstate_enable_backward_cuda(RunStateCuda *rs, const Model *m) {
-    RunState *s = &rs->s;
-    const Config *c = &m->config;
-    size_t B = s->max_block, D = c->dim, F = c->hidden_dim, H = c->n_heads;
-    size_t KVD = (size_t)c->dim / c->n_heads * c->n_kv_heads;
-    size_t keys = s->max_doc > s->capacity ? s->max_doc : s->capacity;
-    s->saved_x = (float *)cuda_xmalloc((size_t)(c->n_layers + 1) * B * D * sizeof(float));  /* (L + 1, B, D) */
-    float **rows[] = {&s->dx, &s->dx_mid, &s->dxb, &s->dq, &s->datt, &s->ddoc_A, &s->dloc_A, &s->dmq, &s->dmA};
-    for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) *rows[i] = (float *)cuda_xmalloc(B * D * sizeof(float));
-    s->dk = (float *)cuda_xmalloc(B * KVD * sizeof(float));                  /* (B, KVD) */
-    s->dv = (float *)cuda_xmalloc(B * KVD * sizeof(float));
-    float **ffn[] = {&s->dhb, &s->dhb2, &s->dhgate};
-    for (int i = 0; i < 3; i++) *ffn[i] = (float *)cuda_xmalloc(B * F * sizeof(float));  /* (B, F) */
-    float **heads[] = {&s->ddoc_lse, &s->dloc_lse, &s->dma};
-    for (int i = 0; i < 3; i++) *heads[i] = (float *)cuda_xmalloc(B * H * sizeof(float));  /* (B, H) */
-    s->tmp = (float *)cuda_xmalloc(B * keys * sizeof(float));                 /* (B, max(n, capacity)) */
-    rs->dlogits = (float *)cuda_xmalloc(B * c->vocab_size * sizeof(float));  /* (B, V) */
+    alloc_buffers_cuda(&rs->s, &m->config, BUFFERS_BACKWARD);
+    size_t rows = (size_t)rs->s.max_block * m->config.vocab_size;
+    rs->dlogits = (float *)cuda_xmalloc(rows * sizeof(float));  /* (B, V) */
 }
 
 /* One block per row: dx += r w do - (r^3 / n) x sum_i w_i do_i x_i,
@@ -1142,19 +1135,20 @@ static void input_grad_cuda(int rows, int n_in, int n_out, const float *dY, cons
  * head by head; writes dq and the block's dk, dv. */
 static void local_states_backward_cuda(const Model *m, RunStateCuda *rs, int l, int ntok) {
     RunState *s = &rs->s;
+    BackwardBuffers *b = &s->back;
     const Config *c = &m->config;
     int D = c->dim, H = c->n_heads, d = D / H, KVD = d * c->n_kv_heads, group = H / c->n_kv_heads;
-    CUDA_CHECK(cudaMemset(s->dq, 0, (size_t)ntok * D * sizeof(float)));
-    CUDA_CHECK(cudaMemset(s->dk, 0, (size_t)ntok * KVD * sizeof(float)));
-    CUDA_CHECK(cudaMemset(s->dv, 0, (size_t)ntok * KVD * sizeof(float)));
+    CUDA_CHECK(cudaMemset(b->dq, 0, (size_t)ntok * D * sizeof(float)));
+    CUDA_CHECK(cudaMemset(b->dk, 0, (size_t)ntok * KVD * sizeof(float)));
+    CUDA_CHECK(cudaMemset(b->dv, 0, (size_t)ntok * KVD * sizeof(float)));
     size_t layer = (size_t)l * s->capacity * KVD;
     for (int h = 0; h < H; h++) {
         size_t kv = layer + (size_t)(h / group) * d;
         attention_states_v2_cuda(ntok, ntok, d, s->q + h * d, D, s->key_cache + kv, s->value_cache + kv, KVD, 1,
                                  s->loc_A + h * d, D, s->loc_lse + h, H, s->scores);
         attention_states_backward_cuda(ntok, ntok, d, s->q + h * d, D, s->key_cache + kv, s->value_cache + kv, KVD,
-                                       s->loc_A + h * d, s->dloc_A + h * d, D, s->dloc_lse + h, H, s->scores,
-                                       s->dq + h * d, s->dk + (h / group) * d, s->dv + (h / group) * d, s->tmp);
+                                       s->loc_A + h * d, b->dloc_A + h * d, D, b->dloc_lse + h, H, s->scores,
+                                       b->dq + h * d, b->dk + (h / group) * d, b->dv + (h / group) * d, b->tmp);
     }
 }
 
@@ -1162,6 +1156,7 @@ static void local_states_backward_cuda(const Model *m, RunStateCuda *rs, int l, 
 static void document_states_exact_backward_cuda(const Model *m, RunStateCuda *rs, const DocCache *cache, int l,
                                                 int ntok) {
     RunState *s = &rs->s;
+    BackwardBuffers *b = &s->back;
     const Config *c = &m->config;
     int d = c->dim / c->n_heads, KVD = d * c->n_kv_heads, group = c->n_heads / c->n_kv_heads;
     int n = cache ? cache->n : 0;
@@ -1171,8 +1166,8 @@ static void document_states_exact_backward_cuda(const Model *m, RunStateCuda *rs
         attention_states_v2_cuda(ntok, n, d, s->q + h * d, c->dim, cache->key + kv, cache->value + kv, KVD, n,
                                  s->doc_A + h * d, c->dim, s->doc_lse + h, c->n_heads, s->scores);
         attention_states_backward_cuda(ntok, n, d, s->q + h * d, c->dim, cache->key + kv, cache->value + kv, KVD,
-                                       s->doc_A + h * d, s->ddoc_A + h * d, c->dim, s->ddoc_lse + h, c->n_heads,
-                                       s->scores, s->dq + h * d, NULL, NULL, s->tmp);
+                                       s->doc_A + h * d, b->ddoc_A + h * d, c->dim, b->ddoc_lse + h, c->n_heads,
+                                       s->scores, b->dq + h * d, NULL, NULL, b->tmp);
     }
 }
 
@@ -1181,81 +1176,104 @@ static void document_states_exact_backward_cuda(const Model *m, RunStateCuda *rs
 static void document_states_nectar_backward_cuda(const Model *m, RunStateCuda *rs, const ModuleSet *ms, int l,
                                                  int ntok) {
     RunState *s = &rs->s;
+    BackwardBuffers *b = &s->back;
     const Config *c = &m->config;
     int d = c->dim / c->n_heads, G = c->n_kv_heads, group = c->n_heads / G, N = ntok * group, row = group * d;
     for (int g = 0; g < G; g++) {
         copy_rows_cuda(s->mq + (size_t)g * N * d, row, s->q + g * row, c->dim, ntok, row);
-        copy_rows_cuda(s->dmA + (size_t)g * N * d, row, s->ddoc_A + g * row, c->dim, ntok, row);
-        copy_rows_cuda(s->dma + (size_t)g * N, group, s->ddoc_lse + g * group, c->n_heads, ntok, group);
+        copy_rows_cuda(b->dmA + (size_t)g * N * d, row, b->ddoc_A + g * row, c->dim, ntok, row);
+        copy_rows_cuda(b->dma + (size_t)g * N, group, b->ddoc_lse + g * group, c->n_heads, ntok, group);
     }
     modules_forward_cuda(ms, l * G, G, &s->work, s->mq, N, s->ma, s->mA);
-    modules_backward_cuda(ms, l * G, G, &s->work, s->mq, N, s->mA, s->dma, s->dmA, s->dmq);
+    modules_backward_cuda(ms, l * G, G, &s->work, s->mq, N, s->mA, b->dma, b->dmA, b->dmq);
     for (int g = 0; g < G; g++) {
-        add_rows_kernel<<<blocks_for((size_t)ntok * row, THREADS), THREADS>>>(s->dq + g * row, c->dim,
-                                                                             s->dmq + (size_t)g * N * d, row, ntok, row);
+        add_rows_kernel<<<blocks_for((size_t)ntok * row, THREADS), THREADS>>>(b->dq + g * row, c->dim,
+                                                                             b->dmq + (size_t)g * N * d, row, ntok, row);
         CUDA_CHECK(cudaGetLastError());
     }
 }
 
-/* Backward of layer_forward_cuda: s->dx holds dL/d(output x); on return it
+/* Backward of the merge: att = merge(document state, local state), per
+ * (row, head), into the gradients of both states. */
+static void merge_rows_backward_cuda(const Model *m, RunStateCuda *rs, int ntok) {
+    RunState *s = &rs->s;
+    BackwardBuffers *b = &s->back;
+    int H = m->config.n_heads, d = m->config.dim / H;
+    merge_states_backward_kernel<<<blocks_for((size_t)ntok * H, THREADS), THREADS>>>(
+        ntok * H, d, s->doc_A, s->doc_lse, s->loc_A, s->loc_lse, b->datt, b->ddoc_A, b->ddoc_lse, b->dloc_A,
+        b->dloc_lse);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+/* The twins of attention_exact_cuda and attention_nectar_cuda: back.datt
+ * in, back.dq, dk, dv out; they differ in the same one line. */
+static void attention_exact_backward_cuda(const Model *m, RunStateCuda *rs, const Document *doc, int l, int ntok) {
+    merge_rows_backward_cuda(m, rs, ntok);
+    local_states_backward_cuda(m, rs, l, ntok);
+    document_states_exact_backward_cuda(m, rs, doc->cache, l, ntok);     /* the document's KV cache */
+}
+
+static void attention_nectar_backward_cuda(const Model *m, RunStateCuda *rs, const Document *doc, int l, int ntok) {
+    merge_rows_backward_cuda(m, rs, ntok);
+    local_states_backward_cuda(m, rs, l, ntok);
+    document_states_nectar_backward_cuda(m, rs, doc->modules, l, ntok);  /* the document's modules */
+}
+
+/* Backward of layer_forward_cuda: b->dx holds dL/d(output x); on return it
  * holds dL/d(input x). The layer's forward is recomputed first. */
 static void layer_backward_cuda(const Model *m, RunStateCuda *rs, const Document *doc, int l, int ntok) {
     RunState *s = &rs->s;
+    BackwardBuffers *b = &s->back;
     const Config *c = &m->config;
     const Weights *w = &m->w;
     int D = c->dim, F = c->hidden_dim, H = c->n_heads, d = D / H, KVD = d * c->n_kv_heads;
-    const float *x_in = s->saved_x + (size_t)l * s->max_block * D;
+    const float *x_in = b->saved_x + (size_t)l * s->max_block * D;
     CUDA_CHECK(cudaMemcpy(s->x, x_in, (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
     layer_forward_cuda(m, rs, doc, l, ntok, 0);
     /* x = x_mid + hgate W2^T */
-    input_grad_cuda(ntok, F, D, s->dx, w->w2 + (size_t)l * D * F, 0.0f, s->dhgate);
+    input_grad_cuda(ntok, F, D, b->dx, w->w2 + (size_t)l * D * F, 0.0f, b->dhgate);
     /* hgate = SiLU(hb) * hb2 */
-    swiglu_backward_kernel<<<blocks_for((size_t)ntok * F, THREADS), THREADS>>>(s->dhb, s->dhb2, s->dhgate, s->hb,
+    swiglu_backward_kernel<<<blocks_for((size_t)ntok * F, THREADS), THREADS>>>(b->dhb, b->dhb2, b->dhgate, s->hb,
                                                                               s->hb2, (size_t)ntok * F);
     CUDA_CHECK(cudaGetLastError());
     /* hb = xb2 W1^T, hb2 = xb2 W3^T */
-    input_grad_cuda(ntok, D, F, s->dhb, w->w1 + (size_t)l * F * D, 0.0f, s->dxb);
-    input_grad_cuda(ntok, D, F, s->dhb2, w->w3 + (size_t)l * F * D, 1.0f, s->dxb);
+    input_grad_cuda(ntok, D, F, b->dhb, w->w1 + (size_t)l * F * D, 0.0f, b->dxb);
+    input_grad_cuda(ntok, D, F, b->dhb2, w->w3 + (size_t)l * F * D, 1.0f, b->dxb);
     /* xb2 = rmsnorm(x_mid); x_mid also flows straight to x */
-    CUDA_CHECK(cudaMemcpy(s->dx_mid, s->dx, (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
-    rmsnorm_backward_cuda(s->dx_mid, s->x_mid, w->rms_ffn + (size_t)l * D, s->dxb, ntok, D);
+    CUDA_CHECK(cudaMemcpy(b->dx_mid, b->dx, (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
+    rmsnorm_backward_cuda(b->dx_mid, s->x_mid, w->rms_ffn + (size_t)l * D, b->dxb, ntok, D);
     /* x_mid = x + att Wo^T */
-    input_grad_cuda(ntok, D, D, s->dx_mid, w->wo + (size_t)l * D * D, 0.0f, s->datt);
-    /* att = merge(document state, local state), per (row, head) */
-    merge_states_backward_kernel<<<blocks_for((size_t)ntok * H, THREADS), THREADS>>>(
-        ntok * H, d, s->doc_A, s->doc_lse, s->loc_A, s->loc_lse, s->datt, s->ddoc_A, s->ddoc_lse, s->dloc_A,
-        s->dloc_lse);
-    CUDA_CHECK(cudaGetLastError());
-    local_states_backward_cuda(m, rs, l, ntok);
-    /* document state: the one place where the two paths differ */
-    if (doc->mode == DOC_NECTAR) document_states_nectar_backward_cuda(m, rs, doc->modules, l, ntok);
-    else document_states_exact_backward_cuda(m, rs, doc->cache, l, ntok);
+    input_grad_cuda(ntok, D, D, b->dx_mid, w->wo + (size_t)l * D * D, 0.0f, b->datt);
+    /* exact or Nectar: the same one line as in layer_forward_cuda */
+    if (doc->mode == DOC_NECTAR) attention_nectar_backward_cuda(m, rs, doc, l, ntok);
+    else attention_exact_backward_cuda(m, rs, doc, l, ntok);
     /* q, k rotated at their positions: rotate the gradients back */
-    rope_cuda(s->dq, ntok, D, D, d, doc->n, -1.0f);
-    rope_cuda(s->dk, ntok, KVD, KVD, d, doc->n, -1.0f);
+    rope_cuda(b->dq, ntok, D, D, d, doc->n, -1.0f);
+    rope_cuda(b->dk, ntok, KVD, KVD, d, doc->n, -1.0f);
     /* q, k, v = xb Wq^T, xb Wk^T, xb Wv^T */
-    input_grad_cuda(ntok, D, D, s->dq, w->wq + (size_t)l * D * D, 0.0f, s->dxb);
-    input_grad_cuda(ntok, D, KVD, s->dk, w->wk + (size_t)l * KVD * D, 1.0f, s->dxb);
-    input_grad_cuda(ntok, D, KVD, s->dv, w->wv + (size_t)l * KVD * D, 1.0f, s->dxb);
+    input_grad_cuda(ntok, D, D, b->dq, w->wq + (size_t)l * D * D, 0.0f, b->dxb);
+    input_grad_cuda(ntok, D, KVD, b->dk, w->wk + (size_t)l * KVD * D, 1.0f, b->dxb);
+    input_grad_cuda(ntok, D, KVD, b->dv, w->wv + (size_t)l * KVD * D, 1.0f, b->dxb);
     /* xb = rmsnorm(x); x also flows straight to x_mid */
-    CUDA_CHECK(cudaMemcpy(s->dx, s->dx_mid, (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
-    rmsnorm_backward_cuda(s->dx, x_in, w->rms_att + (size_t)l * D, s->dxb, ntok, D);
+    CUDA_CHECK(cudaMemcpy(b->dx, b->dx_mid, (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
+    rmsnorm_backward_cuda(b->dx, x_in, w->rms_att + (size_t)l * D, b->dxb, ntok, D);
 }
 
 int backward_cuda(const Model *m, RunStateCuda *rs, const Document *doc, int ntok, const float *dlogits) {
     RunState *s = &rs->s;
+    BackwardBuffers *b = &s->back;
     const Config *c = &m->config;
     int D = c->dim, V = c->vocab_size, L = c->n_layers;
-    if (!s->saved_x || ntok != s->block_ntok || s->block_pos != 0) {
+    if (!b->saved_x || ntok != s->block_ntok || s->block_pos != 0) {
         fprintf(stderr, "error: backward needs a run state with backward enabled and the block just run from position 0\n");
         return -1;
     }
     CUDA_CHECK(cudaMemcpy(rs->dlogits, dlogits, (size_t)ntok * V * sizeof(float), cudaMemcpyHostToDevice));
     /* logits = rmsnorm(x_L) Wcls^T */
-    const float *x_final = s->saved_x + (size_t)L * s->max_block * D;
-    input_grad_cuda(ntok, D, V, rs->dlogits, m->w.wcls, 0.0f, s->dxb);
-    CUDA_CHECK(cudaMemset(s->dx, 0, (size_t)ntok * D * sizeof(float)));
-    rmsnorm_backward_cuda(s->dx, x_final, m->w.rms_final, s->dxb, ntok, D);
+    const float *x_final = b->saved_x + (size_t)L * s->max_block * D;
+    input_grad_cuda(ntok, D, V, rs->dlogits, m->w.wcls, 0.0f, b->dxb);
+    CUDA_CHECK(cudaMemset(b->dx, 0, (size_t)ntok * D * sizeof(float)));
+    rmsnorm_backward_cuda(b->dx, x_final, m->w.rms_final, b->dxb, ntok, D);
     for (int l = L - 1; l >= 0; l--) layer_backward_cuda(m, rs, doc, l, ntok);
     return 0;
 }
@@ -1268,12 +1286,11 @@ int doccache_build_cuda(DocCache *dev, const Model *m, const int *tokens, int n,
     }
     if (check_tokens(m, tokens, n, "document") != 0) return -1;
     if (block > n) block = n;
-    Document none = {DOC_EXACT, 0, NULL, NULL};
     RunStateCuda s;
-    runstate_alloc_cuda(&s, m, &none, block, n);
+    runstate_alloc_cuda(&s, m, &NO_DOCUMENT, block, n);
     for (int pos = 0; pos < n; pos += block) {
         int len = n - pos < block ? n - pos : block;
-        if (forward_cuda(m, &s, &none, tokens + pos, len, pos, LOGITS_NONE) != 0) {
+        if (forward_cuda(m, &s, &NO_DOCUMENT, tokens + pos, len, pos, LOGITS_NONE) != 0) {
             runstate_free_cuda(&s);
             return -1;
         }

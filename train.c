@@ -363,9 +363,9 @@ static void teacher_pass(const Model *m, const Document *doc, const PromptSet *p
         }
         if (is_train[i]) {
             for (int l = 0; l < L; l++) {
-                memcpy(f->q + ((size_t)l * f->P + at) * D, s.tap_q + (size_t)l * max_len * D, (size_t)len * D * sizeof(float));
-                memcpy(f->A + ((size_t)l * f->P + at) * D, s.tap_doc_A + (size_t)l * max_len * D, (size_t)len * D * sizeof(float));
-                memcpy(f->alpha + ((size_t)l * f->P + at) * H, s.tap_doc_lse + (size_t)l * max_len * H, (size_t)len * H * sizeof(float));
+                memcpy(f->q + ((size_t)l * f->P + at) * D, s.taps.q + (size_t)l * max_len * D, (size_t)len * D * sizeof(float));
+                memcpy(f->A + ((size_t)l * f->P + at) * D, s.taps.doc_A + (size_t)l * max_len * D, (size_t)len * D * sizeof(float));
+                memcpy(f->alpha + ((size_t)l * f->P + at) * H, s.taps.doc_lse + (size_t)l * max_len * H, (size_t)len * H * sizeof(float));
             }
             if (td->logits)
                 memcpy(td->logits + (size_t)at * c->vocab_size, s.logits, (size_t)len * c->vocab_size * sizeof(float));

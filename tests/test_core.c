@@ -906,8 +906,8 @@ static void test_evaluate(void) {
                 double uu = 0;
                 for (int k = 0; k < d; k++) uu += (double)uh[k] * uh[k];
                 for (int t = 0; t < len; t++) {
-                    const float *q = sf.tap_q + ((size_t)l * MAXLEN + t) * D + h * d;
-                    const float *A = sf.tap_doc_A + ((size_t)l * MAXLEN + t) * D + h * d;
+                    const float *q = sf.taps.q + ((size_t)l * MAXLEN + t) * D + h * d;
+                    const float *A = sf.taps.doc_A + ((size_t)l * MAXLEN + t) * D + h * d;
                     double base = 0;
                     for (int k = 0; k < d; k++) base += ((double)q[k] - A[k]) * ((double)q[k] - A[k]);
                     log_ratio[l * H + h] += log(uu / base);

@@ -585,9 +585,9 @@ static void test_backward(Config c, int n_doc, int ntok) {
         backward(&f.m, &s, doc, tokens, ntok, dlogits, NULL);
         forward_cuda(&f.m_d, &s_d, doc_d, tokens, ntok, 0, LOGITS_ALL);
         backward_cuda(&f.m_d, &s_d, doc_d, ntok, dlogits);
-        float *gdx = download(s_d.s.dx, (size_t)ntok * D);
+        float *gdx = download(s_d.s.back.dx, (size_t)ntok * D);
         snprintf(what, sizeof(what), "backward %s, %s: dL/dx at layer 0", tag, f.docs[r].name);
-        check_close_f(what, gdx, s.dx, (size_t)ntok * D, 2e-5 * max_abs(s.dx, (size_t)ntok * D), 1e-3);
+        check_close_f(what, gdx, s.back.dx, (size_t)ntok * D, 2e-5 * max_abs(s.back.dx, (size_t)ntok * D), 1e-3);
         free(gdx);
         if (f.docs[r].ms) {
             const ModuleSet *ms = f.docs[r].ms;

@@ -1,0 +1,86 @@
+/* cli.c - what the programs (infer, train, pretrain, benchmark) share:
+ * parsing numbers from the command line into checked values, progress lines
+ * with an ETA on stderr, and the metrics of an evaluation as a table or as
+ * JSON on stdout.
+ */
+#include "nectar.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int parse_int_option(const char *option, const char *text, int *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (end == text || *end || errno == ERANGE || v < INT_MIN || v > INT_MAX) {
+        fprintf(stderr, "error: option %s expects an integer, got '%s'\n", option, text);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+int parse_float_option(const char *option, const char *text, float *out) {
+    char *end;
+    float v = strtof(text, &end);
+    if (end == text || *end || !isfinite(v)) {
+        fprintf(stderr, "error: option %s expects a finite number, got '%s'\n", option, text);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+int parse_seed_option(const char *option, const char *text, unsigned long long *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (end == text || *end || errno == ERANGE || strchr(text, '-')) {
+        fprintf(stderr, "error: option %s expects a seed (an integer >= 0), got '%s'\n", option, text);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+void report_last_option(const char *option, const char *value_options) {
+    char word[64];
+    snprintf(word, sizeof word, " %s ", option);
+    fprintf(stderr, "error: option %s %s (see --help)\n", option,
+            strstr(value_options, word) ? "needs a value" : "is unknown");
+}
+
+void print_progress(const char *what, int done, int total, double t_start) {
+    double elapsed = now_seconds() - t_start;
+    fprintf(stderr, "\r%s %d/%d  %.1fs  ETA %.0fs   ", what, done, total, elapsed,
+            elapsed / done * (total - done));
+}
+
+void print_eval_table(FILE *f, const char *title, const EvalResult *r, int n_layers) {
+    fprintf(f, "%s: %d prompts, %d next-token positions\n", title, r->n_prompts, r->n_positions);
+    fprintf(f, "  %-26s %10s %10s %10s\n", "", "full cache", "Nectar", "no doc");
+    fprintf(f, "  %-26s %10.4f %10.4f %10.4f\n", "token accuracy", r->acc_full, r->acc_nectar, r->acc_nodoc);
+    fprintf(f, "  %-26s %10s %10.2f %10.2f\n", "gap to full cache (pp)", "",
+            100 * (r->acc_full - r->acc_nectar), 100 * (r->acc_full - r->acc_nodoc));
+    fprintf(f, "  %-26s %10s %10.4f %10.4f\n", "top-1 agreement with full", "", r->agree, r->agree_nodoc);
+    fprintf(f, "  %-26s %10s %10.4f %10.4f\n", "mean KL(full || model)", "", r->kl, r->kl_nodoc);
+    fprintf(f, "  module fit on the teacher's queries (%ld evaluations):\n", r->n_queries);
+    fprintf(f, "    score MSE %.4g   target MSE %.4g   relative transport error %.4g\n",
+            r->score_mse, r->target_mse, r->rte);
+    fprintf(f, "    %-6s %12s %12s\n", "layer", "score MSE", "target MSE");
+    for (int l = 0; l < n_layers; l++)
+        fprintf(f, "    %-6d %12.4g %12.4g\n", l, r->score_mse_layer[l], r->target_mse_layer[l]);
+}
+
+void print_eval_json(FILE *f, const EvalResult *r) {
+    fprintf(f, "{\"n_prompts\": %d, \"n_positions\": %d, \"acc_full\": %.6f, \"acc_nectar\": %.6f, "
+            "\"acc_nodoc\": %.6f, \"gap_pp\": %.4f, \"agree\": %.6f, \"agree_nodoc\": %.6f, "
+            "\"kl\": %.6g, \"kl_nodoc\": %.6g, \"score_mse\": %.6g, \"target_mse\": %.6g, \"rte\": %.6g}",
+            r->n_prompts, r->n_positions, r->acc_full, r->acc_nectar, r->acc_nodoc,
+            100 * (r->acc_full - r->acc_nectar), r->agree, r->agree_nodoc, r->kl, r->kl_nodoc,
+            r->score_mse, r->target_mse, r->rte);
+}

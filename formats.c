@@ -1,0 +1,499 @@
+/* formats.c - the files the project reads and writes: llama2.c model
+ * checkpoints, Nectar module files, text and token-id files. Every count
+ * and size in a file is checked against the file's length before anything
+ * is read from it; files are written to a temporary name and renamed, so a
+ * crash never leaves half a file.
+ */
+#include "nectar.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* ------------------------------------------------------------------------ */
+/* Whole files, text files, token-id files                                  */
+
+int write_file_atomic(const char *path, const void *const *parts,
+                             const size_t *sizes, int n_parts) {
+    size_t len = strlen(path);
+    char *tmp = xmalloc(len + 5);
+    memcpy(tmp, path, len);
+    memcpy(tmp + len, ".tmp", 5);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        fprintf(stderr, "error: cannot write %s: %s\n", tmp, strerror(errno));
+        free(tmp);
+        return -1;
+    }
+    int ok = 1;
+    for (int i = 0; i < n_parts && ok; i++)
+        ok = sizes[i] == 0 || fwrite(parts[i], 1, sizes[i], f) == sizes[i];
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        fprintf(stderr, "error: writing %s failed: %s\n", path, strerror(errno));
+        remove(tmp);
+        free(tmp);
+        return -1;
+    }
+    free(tmp);
+    return 0;
+}
+
+unsigned char *read_file(const char *path, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "error: cannot open %s: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fprintf(stderr, "error: %s is not a regular file\n", path);
+        fclose(f);
+        return NULL;
+    }
+    long end = (long)st.st_size;
+    unsigned char *buf = xmalloc((size_t)end + 1);
+    if (fread(buf, 1, (size_t)end, f) != (size_t)end) {
+        fprintf(stderr, "error: cannot read %s\n", path);
+        fclose(f);
+        free(buf);
+        return NULL;
+    }
+    fclose(f);
+    buf[end] = 0;
+    *size = (size_t)end;
+    return buf;
+}
+
+char *read_text_file(const char *path) {
+    size_t size;
+    char *text = (char *)read_file(path, &size);
+    if (!text) return NULL;
+    size_t nul = strlen(text);
+    if (nul < size) {  /* C strings would end there, silently */
+        fprintf(stderr, "error: %s is not a text file (a NUL byte at offset %zu)\n", path, nul);
+        free(text);
+        return NULL;
+    }
+    return text;
+}
+
+int read_token_ids(const char *path, int **ids) {
+    *ids = NULL;
+    FILE *f = fopen(path, "r");
+    if (!f) { fprintf(stderr, "error: cannot open token id file %s: %s\n", path, strerror(errno)); return -1; }
+    int n = 0, cap = 64, line = 1, c, ret = -1;
+    int *a = malloc((size_t)cap * sizeof *a);
+    char word[64];
+    if (!a) { fprintf(stderr, "error: out of memory reading %s\n", path); goto done; }
+    for (;;) {
+        while ((c = fgetc(f)) != EOF && isspace(c)) line += c == '\n';
+        if (c == EOF) break;
+        size_t k = 0;
+        int bad = 0;
+        for (; c != EOF && !isspace(c); c = fgetc(f)) {
+            if (c == '\0' || k == sizeof word - 1) bad = 1; /* NUL byte or absurdly long word */
+            else word[k++] = (char)c;
+        }
+        word[k] = '\0';
+        char *end;
+        errno = 0;
+        long v = strtol(word, &end, 10);
+        if (bad || end == word || *end || errno == ERANGE || v < INT_MIN || v > INT_MAX) {
+            fprintf(stderr, "error: %s line %d: item %d (\"%s%s\") is not an integer\n",
+                    path, line, n + 1, word, bad ? "..." : "");
+            goto done;
+        }
+        if (n == cap) {
+            int *b = cap <= INT_MAX / 2 ? realloc(a, (size_t)cap * 2 * sizeof *a) : NULL;
+            if (!b) { fprintf(stderr, "error: out of memory reading %s\n", path); goto done; }
+            a = b;
+            cap *= 2;
+        }
+        a[n++] = (int)v;
+        line += c == '\n';
+    }
+    if (ferror(f)) { fprintf(stderr, "error: read error in token id file %s\n", path); goto done; }
+    *ids = a;
+    a = NULL;
+    ret = n;
+done:
+    free(a);
+    fclose(f);
+    return ret;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Model: llama2.c "v0" checkpoints                                         */
+
+enum { HEADER_INTS = 7 };
+
+/* Number of floats of each tensor, in file order (RoPE tables included). */
+enum { T_RMS_FINAL = 10, T_ROPE_REAL = 11, T_ROPE_IMAG = 12, T_CLS = 13, T_COUNT = 14 };
+typedef struct { size_t count[T_COUNT]; } TensorSizes;
+
+static TensorSizes tensor_sizes(const Config *c, int shared) {
+    size_t D = c->dim, F = c->hidden_dim, L = c->n_layers, V = c->vocab_size;
+    size_t d = D / c->n_heads, KVD = d * c->n_kv_heads, T = c->seq_len;
+    TensorSizes t = {{V * D, L * D, L * D * D, L * KVD * D, L * KVD * D, L * D * D,
+                      L * D, L * F * D, L * D * F, L * F * D, D,
+                      T * d / 2, T * d / 2, shared ? 0 : V * D}};
+    return t;
+}
+
+/* A sentence and -1 unless the shape is one this code can run. */
+static int check_config(const Config *c, const char *path) {
+    const int limit = 1 << 24;
+    int dims[HEADER_INTS] = {c->dim, c->hidden_dim, c->n_layers, c->n_heads,
+                             c->n_kv_heads, c->vocab_size, c->seq_len};
+    static const char *names[HEADER_INTS] = {"dim", "hidden_dim", "n_layers", "n_heads",
+                                            "n_kv_heads", "vocab_size", "seq_len"};
+    for (int i = 0; i < HEADER_INTS; i++)
+        if (dims[i] <= 0 || dims[i] > limit) {
+            fprintf(stderr, "error: %s: %s = %d is out of range (1..%d)\n", path, names[i], dims[i], limit);
+            return -1;
+        }
+    double D = c->dim, F = c->hidden_dim, L = c->n_layers, V = c->vocab_size, T = c->seq_len;
+    double floats = V * D * 2 + L * (4 * D * D + 3 * D * F + 2 * D) + T * D + D;
+    if (floats > 1e11) {  /* also keeps every size_t product below well within range */
+        fprintf(stderr, "error: %s: a model of these dimensions (about %.3g floats) is beyond what this code loads\n",
+                path, floats);
+        return -1;
+    }
+    if (c->dim % c->n_heads != 0) {
+        fprintf(stderr, "error: %s: dim %d is not a multiple of n_heads %d\n", path, c->dim, c->n_heads);
+        return -1;
+    }
+    if (c->n_heads % c->n_kv_heads != 0) {
+        fprintf(stderr, "error: %s: n_heads %d is not a multiple of n_kv_heads %d\n", path, c->n_heads, c->n_kv_heads);
+        return -1;
+    }
+    if ((c->dim / c->n_heads) % 2 != 0) {
+        fprintf(stderr, "error: %s: head size %d is odd; RoPE needs it even\n", path, c->dim / c->n_heads);
+        return -1;
+    }
+    return 0;
+}
+
+void weights_view(const Config *c, int shared, float *base, Weights *w) {
+    TensorSizes t = tensor_sizes(c, shared);
+    float **views[] = {&w->token_embedding, &w->rms_att, &w->wq, &w->wk, &w->wv,
+                       &w->wo, &w->rms_ffn, &w->w1, &w->w2, &w->w3, &w->rms_final};
+    float *p = base;
+    for (int i = 0; i <= T_RMS_FINAL; i++) { *views[i] = p; p += t.count[i]; }
+    w->wcls = shared ? w->token_embedding : p;
+}
+
+void model_refresh(Model *m) {
+    weights_view(&m->config, m->shared_classifier, m->params, &m->w);
+    uint64_t h = fnv1a(FNV_OFFSET, &m->config, sizeof(Config));
+    h = fnv1a(h, &m->shared_classifier, sizeof(int));
+    m->fingerprint = fnv1a(h, m->params, m->n_params * sizeof(float));
+}
+
+static size_t model_param_count(const Config *c, int shared) {
+    TensorSizes t = tensor_sizes(c, shared);
+    size_t n = 0;
+    for (int i = 0; i < T_COUNT; i++)
+        if (i != T_ROPE_REAL && i != T_ROPE_IMAG) n += t.count[i];
+    return n;
+}
+
+size_t first_nonfinite(const float *x, size_t n) {
+    size_t i = 0;
+    while (i < n && isfinite(x[i])) i++;
+    return i;
+}
+
+int model_load(Model *m, const char *path) {
+    memset(m, 0, sizeof(*m));
+    size_t size;
+    unsigned char *buf = read_file(path, &size);
+    if (!buf) return -1;
+    if (size < HEADER_INTS * sizeof(int)) {
+        fprintf(stderr, "error: %s is %zu bytes, shorter than a checkpoint header (28 bytes)\n", path, size);
+        free(buf);
+        return -1;
+    }
+    int h[HEADER_INTS];
+    memcpy(h, buf, sizeof(h));
+    Config c = {h[0], h[1], h[2], h[3], h[4], h[5] == INT_MIN ? 0 : abs(h[5]), h[6]};
+    int shared = h[5] > 0;
+    if (check_config(&c, path) != 0) { free(buf); return -1; }
+    TensorSizes t = tensor_sizes(&c, shared);
+    size_t floats = 0;
+    for (int i = 0; i < T_COUNT; i++) floats += t.count[i];
+    size_t expected = sizeof(h) + floats * sizeof(float);
+    if (size != expected) {
+        fprintf(stderr, "error: %s is %zu bytes but its header (dim %d, hidden %d, layers %d, heads %d/%d, "
+                "vocab %d, seq_len %d) needs %zu bytes; the file is %s\n", path, size, c.dim, c.hidden_dim,
+                c.n_layers, c.n_heads, c.n_kv_heads, h[5], c.seq_len, expected,
+                size < expected ? "truncated or not a llama2.c checkpoint" : "longer than its header says");
+        free(buf);
+        return -1;
+    }
+    m->config = c;
+    m->shared_classifier = shared;
+    m->n_params = model_param_count(&c, shared);
+    m->params = xmalloc(m->n_params * sizeof(float));
+    /* copy every tensor but the two RoPE tables, which we recompute */
+    const float *src = (const float *)(buf + sizeof(h));
+    float *dst = m->params;
+    for (int i = 0; i < T_COUNT; i++) {
+        if (i != T_ROPE_REAL && i != T_ROPE_IMAG) {
+            memcpy(dst, src, t.count[i] * sizeof(float));
+            dst += t.count[i];
+        }
+        src += t.count[i];
+    }
+    free(buf);
+    size_t bad = first_nonfinite(m->params, m->n_params);
+    if (bad < m->n_params) {
+        fprintf(stderr, "error: %s: weight %zu of %zu is %g; the checkpoint is corrupt\n", path, bad, m->n_params,
+                m->params[bad]);
+        model_free(m);
+        return -1;
+    }
+    model_refresh(m);
+    return 0;
+}
+
+int model_init_random(Model *m, Config c, int shared, uint64_t seed, float std) {
+    memset(m, 0, sizeof(*m));
+    if (check_config(&c, "random model") != 0) return -1;
+    m->config = c;
+    m->shared_classifier = shared;
+    m->n_params = model_param_count(&c, shared);
+    m->params = xmalloc(m->n_params * sizeof(float));
+    model_refresh(m);
+    uint64_t rng = seed ? seed : 1;
+    for (size_t i = 0; i < m->n_params; i++) m->params[i] = std * rng_normal(&rng);
+    size_t LD = (size_t)c.n_layers * c.dim;
+    for (size_t i = 0; i < LD; i++) m->w.rms_att[i] = m->w.rms_ffn[i] = 1.0f;
+    for (int i = 0; i < c.dim; i++) m->w.rms_final[i] = 1.0f;
+    model_refresh(m);
+    return 0;
+}
+
+int model_save(const Model *m, const char *path) {
+    const Config *c = &m->config;
+    int h[HEADER_INTS] = {c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads,
+                          m->shared_classifier ? c->vocab_size : -c->vocab_size, c->seq_len};
+    TensorSizes t = tensor_sizes(c, m->shared_classifier);
+    /* RoPE tables as llama2.c's export writes them: cos and sin of pos * freq_i */
+    int d = c->dim / c->n_heads;
+    float *rope = xmalloc(2 * t.count[T_ROPE_REAL] * sizeof(float));
+    for (int pos = 0; pos < c->seq_len; pos++)
+        for (int i = 0; i < d / 2; i++) {
+            float angle = pos * (1.0f / powf(10000.0f, (2.0f * i) / d));
+            rope[pos * (d / 2) + i] = cosf(angle);
+            rope[t.count[T_ROPE_REAL] + pos * (d / 2) + i] = sinf(angle);
+        }
+    size_t before_rope = 0;
+    for (int i = 0; i < T_ROPE_REAL; i++) before_rope += t.count[i];
+    const void *parts[4] = {h, m->params, rope, m->params + before_rope};
+    size_t sizes[4] = {sizeof(h), before_rope * sizeof(float), 2 * t.count[T_ROPE_REAL] * sizeof(float),
+                       t.count[T_CLS] * sizeof(float)};
+    int rc = write_file_atomic(path, parts, sizes, 4);
+    free(rope);
+    return rc;
+}
+
+void model_free(Model *m) {
+    free(m->params);
+    memset(m, 0, sizeof(*m));
+}
+
+int check_tokens(const Model *m, const int *tokens, int n, const char *what) {
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->config.vocab_size) {
+            fprintf(stderr, "error: %s: token id %d at position %d is outside the vocabulary [0, %d)\n",
+                    what, tokens[i], i, m->config.vocab_size);
+            return -1;
+        }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Module files                                                             */
+
+/* Module file: a fixed header, a table of (size, input_scale) per module,
+ * every parameter, then the held-out prompts: offsets (n + 1), tokens,
+ * challenge flags (n), all int32. */
+enum { MODULE_MAGIC = 0x5243544E /* "NTCR" */, MODULE_VERSION = 1 };
+typedef struct {
+    uint32_t magic, version;
+    int32_t arch, n_layers, n_kv_heads, head_size;
+    int32_t depth_backbone, depth_score, depth_target, n_doc;
+    float rho;
+    int32_t n_heldout;
+    uint64_t model_fingerprint, doc_fingerprint, n_params;
+    int64_t n_heldout_tokens;
+    uint8_t pad[128 - 80];
+} ModuleFileHeader;
+_Static_assert(sizeof(ModuleFileHeader) == 128, "module file header is 128 bytes");
+
+typedef struct { int32_t size; float input_scale; } ModuleFileEntry;
+
+int moduleset_save(const ModuleSet *s, const char *path) {
+    ModuleFileHeader h = {0};
+    h.magic = MODULE_MAGIC; h.version = MODULE_VERSION; h.arch = s->arch;
+    h.n_layers = s->n_layers; h.n_kv_heads = s->n_kv_heads; h.head_size = s->head_size;
+    h.depth_backbone = s->depth_backbone; h.depth_score = s->depth_score;
+    h.depth_target = s->depth_target; h.n_doc = s->n_doc; h.rho = s->rho;
+    h.model_fingerprint = s->model_fingerprint; h.doc_fingerprint = s->doc_fingerprint;
+    h.n_params = s->n_params;
+    const PromptSet *p = &s->heldout;
+    h.n_heldout = p->n_prompts;
+    h.n_heldout_tokens = p->n_prompts ? p->offsets[p->n_prompts] : 0;
+    int count = s->n_layers * s->n_kv_heads;
+    ModuleFileEntry *table = xmalloc(count * sizeof(ModuleFileEntry));
+    for (int i = 0; i < count; i++) {
+        const Module *mod = &s->modules[i];
+        table[i].size = s->arch == ARCH_MLP ? mod->width : mod->n_pairs;
+        table[i].input_scale = mod->input_scale;
+    }
+    int32_t *flags = xmalloc((p->n_prompts + 1) * sizeof(int32_t));
+    for (int i = 0; i < p->n_prompts; i++) flags[i] = p->challenge[i];
+    const void *parts[6] = {&h, table, s->params, p->offsets, p->tokens, flags};
+    size_t sizes[6] = {sizeof(h), count * sizeof(ModuleFileEntry), s->n_params * sizeof(float),
+                       p->n_prompts ? (p->n_prompts + 1) * sizeof(int32_t) : 0,
+                       h.n_heldout_tokens * sizeof(int32_t), p->n_prompts * sizeof(int32_t)};
+    int rc = write_file_atomic(path, parts, sizes, 6);
+    free(table); free(flags);
+    return rc;
+}
+
+/* Why the header's fields cannot be a module file's, or NULL. */
+static const char *module_header_problem(const ModuleFileHeader *h) {
+    if (h->magic != MODULE_MAGIC) return "it is not a Nectar module file (bad magic number)";
+    if (h->version != MODULE_VERSION) return "its version is not one this program reads";
+    if (h->arch != ARCH_MLP && h->arch != ARCH_QUAD) return "its architecture is unknown";
+    if (h->n_layers <= 0 || h->n_kv_heads <= 0 || h->head_size <= 0 || h->n_doc <= 0 ||
+        h->n_layers > 4096 || h->n_kv_heads > 4096 || h->head_size > 65536 ||
+        h->n_layers * h->n_kv_heads > (1 << 16) ||
+        h->n_heldout < 0 || h->n_heldout_tokens < 0 || h->n_heldout_tokens > (1 << 28))
+        return "its dimensions are out of range";
+    return NULL;
+}
+
+/* The module sizes per layer (L), the same for every KV head, and the
+ * parameter count they imply; 0 if the table is inconsistent. */
+static int module_table_sizes(const ModuleFileHeader *h, const ModuleFileEntry *table, int *sizes,
+                              size_t *n_params) {
+    ModuleSet shape = {.arch = h->arch, .head_size = h->head_size, .depth_backbone = h->depth_backbone,
+                       .depth_score = h->depth_score, .depth_target = h->depth_target};
+    int ok = h->arch != ARCH_MLP || depths_valid(h->depth_backbone, h->depth_score, h->depth_target);
+    *n_params = 0;
+    for (int l = 0; l < h->n_layers && ok; l++) {
+        sizes[l] = table[l * h->n_kv_heads].size;
+        for (int g = 0; g < h->n_kv_heads; g++)
+            ok &= table[l * h->n_kv_heads + g].size == sizes[l] && sizes[l] > 0 && sizes[l] <= (1 << 20) &&
+                  isfinite(table[l * h->n_kv_heads + g].input_scale);
+        if (ok) *n_params += (size_t)h->n_kv_heads * module_param_count(&shape, sizes[l]);
+    }
+    return ok;
+}
+
+/* The held-out prompts at `at`: offsets (n + 1), tokens, challenge flags
+ * (n); the offsets must rise from 0 to the token count. */
+static int read_heldout(PromptSet *p, const ModuleFileHeader *h, const unsigned char *at) {
+    p->n_prompts = h->n_heldout;
+    p->offsets = xmalloc((h->n_heldout + 1) * sizeof(int));
+    p->tokens = xmalloc(h->n_heldout_tokens * sizeof(int));
+    p->challenge = xmalloc(h->n_heldout);
+    memcpy(p->offsets, at, (h->n_heldout + 1) * sizeof(int));
+    at += (h->n_heldout + 1) * sizeof(int);
+    memcpy(p->tokens, at, h->n_heldout_tokens * sizeof(int));
+    at += h->n_heldout_tokens * sizeof(int);
+    int ok = p->offsets[0] == 0 && p->offsets[h->n_heldout] == h->n_heldout_tokens;
+    for (int i = 0; i < h->n_heldout; i++) {
+        int32_t flag;
+        memcpy(&flag, at + i * sizeof(int32_t), sizeof(flag));
+        p->challenge[i] = flag != 0;
+        ok &= p->offsets[i + 1] > p->offsets[i];
+    }
+    return ok ? 0 : -1;
+}
+
+/* The modules of the file (buf, size) into s, checked against its header h
+ * (whose module table is in the file); NULL, or why it is refused (s is then
+ * freed). */
+static const char *read_modules(ModuleSet *s, const ModuleFileHeader *h, const unsigned char *buf, size_t size,
+                                uint64_t model_fp, uint64_t doc_fp) {
+    int count = h->n_layers * h->n_kv_heads;
+    size_t table_bytes = count * sizeof(ModuleFileEntry);
+    const ModuleFileEntry *table = (const ModuleFileEntry *)(buf + sizeof(*h));
+    /* the file size the table implies, checked before anything is allocated */
+    int *sizes = xmalloc(h->n_layers * sizeof(int));
+    size_t n_params;
+    int ok = module_table_sizes(h, table, sizes, &n_params);
+    size_t prompt_ints = h->n_heldout ? 2 * (size_t)h->n_heldout + 1 + h->n_heldout_tokens : 0;
+    size_t expected = sizeof(*h) + table_bytes + n_params * sizeof(float) + prompt_ints * sizeof(int32_t);
+    const char *why = NULL;
+    if (!ok) why = "its module table is inconsistent";
+    /* n_params <= size / 4 first: up to 2^62 parameters fit the header's limits, and 4 n_params would wrap */
+    else if (n_params != h->n_params || n_params > size / sizeof(float) || size != expected)
+        why = "its size does not match its header: it is truncated or corrupt";
+    else if (moduleset_alloc(s, h->arch, h->n_layers, h->n_kv_heads, h->head_size, h->depth_backbone,
+                             h->depth_score, h->depth_target, sizes, 0) != 0)
+        why = "its modules cannot be allocated";
+    free(sizes);
+    if (why) return why;
+    if (model_fp && h->model_fingerprint != model_fp) why = "it was fitted to a different model; refusing to use it";
+    else if (doc_fp && h->doc_fingerprint != doc_fp) why = "it was fitted to a different document; refusing to use it";
+    if (why) { moduleset_free(s); return why; }
+    s->n_doc = h->n_doc; s->rho = h->rho;
+    s->model_fingerprint = h->model_fingerprint; s->doc_fingerprint = h->doc_fingerprint;
+    for (int i = 0; i < count; i++) s->modules[i].input_scale = table[i].input_scale;
+    const unsigned char *at = buf + sizeof(*h) + table_bytes;
+    memcpy(s->params, at, s->n_params * sizeof(float));
+    return NULL;
+}
+
+int moduleset_load(ModuleSet *s, const char *path, uint64_t model_fp, uint64_t doc_fp) {
+    memset(s, 0, sizeof(*s));
+    size_t size;
+    unsigned char *buf = read_file(path, &size);
+    if (!buf) return -1;
+    ModuleFileHeader h;
+    if (size < sizeof(h)) {
+        fprintf(stderr, "error: %s is %zu bytes, shorter than a module file header\n", path, size);
+        free(buf);
+        return -1;
+    }
+    memcpy(&h, buf, sizeof(h));
+    const char *why = module_header_problem(&h);
+    size_t table_bytes = why ? 0 : (size_t)h.n_layers * h.n_kv_heads * sizeof(ModuleFileEntry);
+    if (!why && size < sizeof(h) + table_bytes) {
+        fprintf(stderr, "error: %s is truncated (its module table is incomplete)\n", path);
+        free(buf);
+        return -1;
+    }
+    if (!why) why = read_modules(s, &h, buf, size, model_fp, doc_fp);
+    if (why) {
+        fprintf(stderr, "error: %s: %s\n", path, why);
+        free(buf);
+        return -1;
+    }
+    size_t bad = first_nonfinite(s->params, s->n_params);
+    if (bad < s->n_params) {
+        fprintf(stderr, "error: %s: parameter %zu of %zu is %g; the file is corrupt\n", path, bad, s->n_params,
+                s->params[bad]);
+        moduleset_free(s); free(buf);
+        return -1;
+    }
+    const unsigned char *prompts = buf + sizeof(h) + table_bytes + s->n_params * sizeof(float);
+    if (h.n_heldout && read_heldout(&s->heldout, &h, prompts) != 0) {
+        fprintf(stderr, "error: %s: its held-out prompt table is corrupt\n", path);
+        moduleset_free(s); free(buf);
+        return -1;
+    }
+    free(buf);
+    return 0;
+}

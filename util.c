@@ -1,0 +1,101 @@
+/* util.c - small utilities: checked allocation, time, copying strided rows,
+ * hashing (FNV-1a), random numbers (xorshift*, as llama2.c), and sampling a
+ * token from logits (greedy, temperature, top-p, as llama2.c).
+ */
+#include "nectar.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+void *check_malloc(size_t n, const char *file, int line) {
+    void *p = calloc(n ? n : 1, 1);
+    if (!p) {
+        fprintf(stderr, "error: out of memory allocating %zu bytes at %s:%d\n", n, file, line);
+        exit(1);
+    }
+    return p;
+}
+
+double now_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+void copy_rows(float *dst, int ld_dst, const float *src, int ld_src, int rows, int width) {
+    for (int r = 0; r < rows; r++)
+        memcpy(dst + (size_t)r * ld_dst, src + (size_t)r * ld_src, (size_t)width * sizeof(float));
+}
+
+uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) { h ^= p[i]; h *= 1099511628211ULL; }
+    return h;
+}
+
+uint32_t rng_u32(uint64_t *state) {  /* xorshift*, as llama2.c */
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    return (uint32_t)((*state * 0x2545F4914F6CDD1DULL) >> 32);
+}
+
+float rng_uniform(uint64_t *state) { return (rng_u32(state) >> 8) / 16777216.0f; }
+
+float rng_normal(uint64_t *state) {  /* Box-Muller */
+    float u1 = rng_uniform(state), u2 = rng_uniform(state);
+    return sqrtf(-2.0f * logf(1.0f - u1)) * cosf(6.2831853f * u2);
+}
+
+int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Sampling: greedy, temperature, top-p (as llama2.c)                       */
+
+void sampler_init(Sampler *s, int vocab_size, float temperature, float topp, uint64_t seed) {
+    s->temperature = temperature;
+    s->topp = topp;
+    s->rng = seed ? seed : 1;
+    s->cand = xmalloc(vocab_size * sizeof(Candidate));
+}
+
+void sampler_free(Sampler *s) { free(s->cand); }
+
+static int compare_candidates(const void *a, const void *b) {
+    float pa = ((const Candidate *)a)->prob, pb = ((const Candidate *)b)->prob;
+    return (pa < pb) - (pa > pb);  /* descending */
+}
+
+int sample(Sampler *s, const float *logits, int n) {
+    if (s->temperature == 0.0f) return argmax(logits, n);
+    /* p = softmax(logits / temperature) */
+    float max = logits[argmax(logits, n)], sum = 0.0f;
+    for (int i = 0; i < n; i++) {
+        s->cand[i].prob = expf((logits[i] - max) / s->temperature);
+        s->cand[i].index = i;
+        sum += s->cand[i].prob;
+    }
+    for (int i = 0; i < n; i++) s->cand[i].prob /= sum;
+    float r = rng_uniform(&s->rng);
+    int count = n;
+    if (s->topp > 0.0f && s->topp < 1.0f) {
+        /* top-p: the smallest set of most likely tokens with mass >= topp */
+        qsort(s->cand, n, sizeof(Candidate), compare_candidates);
+        float mass = 0.0f;
+        for (count = 0; count < n && mass < s->topp; count++) mass += s->cand[count].prob;
+        r *= mass;
+    }
+    float cdf = 0.0f;
+    for (int i = 0; i < count; i++) {
+        cdf += s->cand[i].prob;
+        if (r < cdf) return s->cand[i].index;
+    }
+    return s->cand[count - 1].index;
+}
