@@ -104,7 +104,7 @@ static Measure run_config(const Model *m, RunKind kind, const int *doc_ids, int 
     for (int i = 0; i < PROMPT + DECODE; i++) prompt[i] = 3 + (i * 37) % 250;
     DocCache cache = {0};
     ModuleSet ms = {0};
-    Document doc = {DOC_EXACT, 0, NULL, NULL};
+    Document doc = NO_DOCUMENT;
     double t0 = now_seconds();
     if (kind == RUN_FULL_PREFILL) {
         if (doccache_build(&cache, m, doc_ids, n, BLOCK) != 0) _exit(1);
@@ -331,6 +331,44 @@ static double cublas_gflops(int M, int N, int K) {
     return 2.0 * M * N * K * (reps / 2) / t / 1e9;
 }
 
+/* The two attention kernels on one prefill block (BLOCK queries, one head
+ * of size d) over the longest document's keys. */
+static void gpu_attention_kernels(int d, int longest) {
+    float *q = cuda_xmalloc((size_t)BLOCK * d * sizeof(float)), *kv = cuda_xmalloc((size_t)longest * d * sizeof(float));
+    float *A = cuda_xmalloc((size_t)BLOCK * d * sizeof(float)), *lse = cuda_xmalloc(BLOCK * sizeof(float));
+    float *scores = cuda_xmalloc((size_t)BLOCK * longest * sizeof(float));
+    double kernel_ms[2];
+    for (int version = 0; version < 2; version++) {
+        int reps = 0;
+        double t0 = now_seconds();
+        do {
+            if (version == 0) attention_states_cuda(BLOCK, longest, d, q, d, kv, kv, d, longest, A, d, lse, 1, scores);
+            else attention_states_v2_cuda(BLOCK, longest, d, q, d, kv, kv, d, longest, A, d, lse, 1, scores);
+            CUDA_CHECK(cudaDeviceSynchronize());
+            reps++;
+        } while (now_seconds() - t0 < 0.3);
+        kernel_ms[version] = (now_seconds() - t0) / reps * 1e3;
+    }
+    printf("\nattention of a %d-query block over %d keys, one head of size %d: v1 (a block per query) %.2f ms, "
+           "v2 (cuBLAS + softmax kernel) %.2f ms\n", BLOCK, longest, d, kernel_ms[0], kernel_ms[1]);
+    float *bufs[] = {q, kv, A, lse, scores};
+    for (int i = 0; i < 5; i++) CUDA_CHECK(cudaFree(bufs[i]));
+}
+
+/* Fitting: the rho 10% modules of the longest document, train's batch, on
+ * the GPU against the CPU. */
+static void gpu_fitting(const Config *c, int longest) {
+    int batch = 64;
+    double gpu_steps = fit_steps_per_s(c, longest, 0.10f, batch, 1);
+    double cpu_steps = fit_steps_per_s(c, longest, 0.10f, batch, 0);
+    double queries = (double)batch * c->n_heads * c->n_layers;  /* module queries per step */
+    printf("module fitting (rho 10%% of %d tokens: width %d, %d modules; batch %d positions = %.0f module queries "
+           "a step, forward + backward + AdamW): GPU %.1f steps/s (%.0f queries/s), CPU %.1f steps/s (%.0f queries/s): "
+           "GPU %.1fx the CPU\n", longest, mlp_width(c, longest, 0.10f), c->n_layers * c->n_kv_heads, batch,
+           queries, gpu_steps, gpu_steps * queries, cpu_steps, cpu_steps * queries, gpu_steps / cpu_steps);
+    printf("train's default 6000 steps: %.0f s on the GPU, %.0f s on the CPU\n", 6000 / gpu_steps, 6000 / cpu_steps);
+}
+
 static int bench_gpu(const Model *host, const char *model_path, int min_doc, int max_doc) {
     if (nectar_cuda_init() != 0) return 1;
     struct cudaDeviceProp prop;
@@ -343,7 +381,6 @@ static int bench_gpu(const Model *host, const char *model_path, int min_doc, int
     double g_qkvo = cublas_gflops(BLOCK, c->dim, c->dim), g_ffn = cublas_gflops(BLOCK, c->hidden_dim, c->dim);
     double w_qkvo = 2.0 * c->dim * c->dim + 2.0 * c->dim * d * c->n_kv_heads, w_ffn = 3.0 * c->dim * c->hidden_dim;
     double sgemm = (w_qkvo + w_ffn) / (w_qkvo / g_qkvo + w_ffn / g_ffn);
-    Document none = {DOC_EXACT, 0, NULL, NULL};
     double ttft, tps;
     /* warm-up: kernels loaded and cuBLAS ready for every shape the table
      * times, so its first row pays for none of it */
@@ -353,7 +390,7 @@ static int bench_gpu(const Model *host, const char *model_path, int min_doc, int
     free(warm_ids);
     Document warm_doc = {DOC_EXACT, 2 * BLOCK, &warm, NULL};
     gpu_generate(&m, &warm_doc, &ttft, &tps);
-    gpu_generate(&m, &none, &ttft, &tps);
+    gpu_generate(&m, &NO_DOCUMENT, &ttft, &tps);
     doccache_free_cuda(&warm);
     printf("GPU: %s; model %s: dim %d, hidden %d, %d layers, %d/%d heads, head size %d, context %d\n", prop.name,
            model_path, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, d, c->seq_len);
@@ -389,7 +426,7 @@ static int bench_gpu(const Model *host, const char *model_path, int min_doc, int
         Document nectar2 = {DOC_NECTAR, n, NULL, &d2}, nectar10 = {DOC_NECTAR, n, NULL, &d10};
         gpu_generate(&m, &nectar2, &ttft_n2, &tps_n2);
         gpu_generate(&m, &nectar10, &ttft_n10, &tps_n10);
-        gpu_generate(&m, &none, &ttft_none, &tps_none);
+        gpu_generate(&m, &NO_DOCUMENT, &ttft_none, &tps_none);
         double kv_mb = 2.0 * sizeof(float) * c->n_layers * n * d * c->n_kv_heads / 1e6;
         printf("| %d | %.1f ms | %.2f ms | %.2f ms | %.0f (%.0f%%) | %.0f | %.0f (%.2fx no doc) | %.0f (%.2fx) | %.0f "
                "| %.2f MB | %.2f MB |\n", n, ttft_full, ttft_reused, ttft_n2, gflops, 100 * gflops / sgemm, tps_exact,
@@ -401,38 +438,9 @@ static int bench_gpu(const Model *host, const char *model_path, int min_doc, int
         longest = n;
         progress_size_ends(&progress);
     }
-    /* the two attention kernels on one prefill block (BLOCK queries, one
-     * head) over the longest document's keys */
-    float *q = cuda_xmalloc((size_t)BLOCK * d * sizeof(float)), *kv = cuda_xmalloc((size_t)longest * d * sizeof(float));
-    float *A = cuda_xmalloc((size_t)BLOCK * d * sizeof(float)), *lse = cuda_xmalloc(BLOCK * sizeof(float));
-    float *scores = cuda_xmalloc((size_t)BLOCK * longest * sizeof(float));
-    double kernel_ms[2];
-    for (int version = 0; version < 2; version++) {
-        int reps = 0;
-        double t0 = now_seconds();
-        do {
-            if (version == 0) attention_states_cuda(BLOCK, longest, d, q, d, kv, kv, d, longest, A, d, lse, 1, scores);
-            else attention_states_v2_cuda(BLOCK, longest, d, q, d, kv, kv, d, longest, A, d, lse, 1, scores);
-            CUDA_CHECK(cudaDeviceSynchronize());
-            reps++;
-        } while (now_seconds() - t0 < 0.3);
-        kernel_ms[version] = (now_seconds() - t0) / reps * 1e3;
-    }
-    printf("\nattention of a %d-query block over %d keys, one head of size %d: v1 (a block per query) %.2f ms, "
-           "v2 (cuBLAS + softmax kernel) %.2f ms\n", BLOCK, longest, d, kernel_ms[0], kernel_ms[1]);
-    float *bufs[] = {q, kv, A, lse, scores};
-    for (int i = 0; i < 5; i++) CUDA_CHECK(cudaFree(bufs[i]));
-    /* fitting: the rho 10% modules of the longest document, train's batch */
-    int batch = 64;
+    gpu_attention_kernels(d, longest);
     fprintf(stderr, "fitting throughput ... (%.0fs so far)\n", now_seconds() - t_start);
-    double gpu_steps = fit_steps_per_s(c, longest, 0.10f, batch, 1);
-    double cpu_steps = fit_steps_per_s(c, longest, 0.10f, batch, 0);
-    double queries = (double)batch * c->n_heads * c->n_layers;  /* module queries per step */
-    printf("module fitting (rho 10%% of %d tokens: width %d, %d modules; batch %d positions = %.0f module queries "
-           "a step, forward + backward + AdamW): GPU %.1f steps/s (%.0f queries/s), CPU %.1f steps/s (%.0f queries/s): "
-           "GPU %.1fx the CPU\n", longest, mlp_width(c, longest, 0.10f), c->n_layers * c->n_kv_heads, batch,
-           queries, gpu_steps, gpu_steps * queries, cpu_steps, cpu_steps * queries, gpu_steps / cpu_steps);
-    printf("train's default 6000 steps: %.0f s on the GPU, %.0f s on the CPU\n", 6000 / gpu_steps, 6000 / cpu_steps);
+    gpu_fitting(c, longest);
     fprintf(stderr, "GPU bench took %.0f s\n", now_seconds() - t_start);
     model_free_cuda(&m);
     nectar_cuda_free();
@@ -448,113 +456,115 @@ static void usage(FILE *f) {
                "  --help    this text\n");
 }
 
-int main(int argc, char **argv) {
-    const char *model_path = NULL;
-    int min_doc = 1024, max_doc = 65536, gpu = 0;
+typedef struct {
+    const char *model_path;
+    int min_doc, max_doc, gpu;
+} Options;
+
+static int parse_options(int argc, char **argv, Options *o) {
+    *o = (Options){NULL, 1024, 65536, 0};
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); return 0; }
-        if (!strcmp(argv[i], "--gpu")) { gpu = 1; continue; }
-        if (i + 1 >= argc) { report_last_option(argv[i], " -m --max-doc --min-doc "); return 1; }
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); exit(0); }
+        if (!strcmp(argv[i], "--gpu")) { o->gpu = 1; continue; }
+        if (i + 1 >= argc) { report_last_option(argv[i], " -m --max-doc --min-doc "); return -1; }
         const char *a = argv[i], *v = argv[++i];
         int bad = 0;
-        if (!strcmp(a, "-m")) model_path = v;
-        else if (!strcmp(a, "--max-doc")) bad = parse_int_option(a, v, &max_doc);
-        else if (!strcmp(a, "--min-doc")) bad = parse_int_option(a, v, &min_doc);
-        else { fprintf(stderr, "error: unknown option '%s' (see --help)\n", a); return 1; }
-        if (bad) return 1;
+        if (!strcmp(a, "-m")) o->model_path = v;
+        else if (!strcmp(a, "--max-doc")) bad = parse_int_option(a, v, &o->max_doc);
+        else if (!strcmp(a, "--min-doc")) bad = parse_int_option(a, v, &o->min_doc);
+        else { fprintf(stderr, "error: unknown option '%s' (see --help)\n", a); return -1; }
+        if (bad) return -1;
     }
-    if (!model_path || min_doc < 1 || max_doc < min_doc || max_doc > MAX_DOC) {
+    if (!o->model_path || o->min_doc < 1 || o->max_doc < o->min_doc || o->max_doc > MAX_DOC) {
         fprintf(stderr, "error: need -m MODEL and 1 <= --min-doc <= --max-doc <= %d\n", MAX_DOC);
-        return 1;
+        return -1;
     }
-    Model m;
-    if (model_load(&m, model_path) != 0) return 1;
-    if (m.config.vocab_size < 259) {  /* bench_document's ids */
+    return 0;
+}
+
+/* The model can run the benchmark's tokens, its smallest document fits a
+ * module at rho 2%, and (on the CPU) its longest KV cache fits in half of
+ * memory. */
+static int check_sizes(const Model *m, const Options *o) {
+    const Config *c = &m->config;
+    if (c->vocab_size < 259) {  /* bench_document's ids */
         fprintf(stderr, "error: the benchmark's tokens are ids up to 258, but %s has a vocabulary of %d\n",
-                model_path, m.config.vocab_size);
-        model_free(&m);
-        return 1;
+                o->model_path, c->vocab_size);
+        return -1;
     }
     int shortest = 1;  /* the shortest document a module at rho 2%, the table's smallest, fits */
-    while (shortest < MAX_DOC && mlp_width(&m.config, shortest, 0.02f) < 1) shortest++;
-    if (min_doc < shortest) {
+    while (shortest < MAX_DOC && mlp_width(c, shortest, 0.02f) < 1) shortest++;
+    if (o->min_doc < shortest) {
         fprintf(stderr, "error: --min-doc %d is too short for a module at rho 2%% of %s; use at least %d\n",
-                min_doc, model_path, shortest);
-        model_free(&m);
-        return 1;
+                o->min_doc, o->model_path, shortest);
+        return -1;
     }
-    if (gpu) {
-#ifdef NECTAR_CUDA
-        int status = bench_gpu(&m, model_path, min_doc, max_doc);
-        model_free(&m);
-        return status;
-#else
-        fprintf(stderr, "error: " NO_GPU_SUPPORT "\n");
-        return 1;
-#endif
-    }
-    const Config *c = &m.config;
-    int d = c->dim / c->n_heads;
     /* the full-prefill and reused-cache runs hold the longest document's KV
      * cache; refuse one that needs more than half of memory (it would swap) */
-    double kv_bytes = 2.0 * sizeof(float) * c->n_layers * max_doc * d * c->n_kv_heads;
+    double kv_bytes = 2.0 * sizeof(float) * c->n_layers * o->max_doc * (c->dim / c->n_heads) * c->n_kv_heads;
     double memory = (double)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE);
-    if (2 * kv_bytes > memory) {
+    if (!o->gpu && 2 * kv_bytes > memory) {
         fprintf(stderr, "error: a document of %d tokens has a KV cache of %.1f GB, more than half of this machine's "
-                "%.1f GB; lower --max-doc\n", max_doc, kv_bytes / 1e9, memory / 1e9);
-        model_free(&m);
-        return 1;
+                "%.1f GB; lower --max-doc\n", o->max_doc, kv_bytes / 1e9, memory / 1e9);
+        return -1;
     }
-    double t_start = now_seconds();
+    return 0;
+}
 
-    /* references */
+/* OpenBLAS sgemm at the prefill's mix of shapes (the attention projections
+ * and the FFN, B = BLOCK rows), and the model's prefill of BLOCK-token blocks
+ * without earlier context (the weight matmuls dominate); prints both and the
+ * run's setting. Returns the sgemm mix's GFLOP/s. */
+static double cpu_references(const Model *m, const Options *o) {
+    const Config *c = &m->config;
+    int d = c->dim / c->n_heads;
     double g_qkvo = sgemm_gflops(BLOCK, c->dim, c->dim), g_ffn = sgemm_gflops(BLOCK, c->hidden_dim, c->dim);
     double w_qkvo = 2.0 * c->dim * c->dim + 2.0 * c->dim * d * c->n_kv_heads, w_ffn = 3.0 * c->dim * c->hidden_dim;
     double sgemm = (w_qkvo + w_ffn) / (w_qkvo / g_qkvo + w_ffn / g_ffn);  /* at the prefill's mix of shapes */
-    /* the prefill without a long context: blocks of BLOCK tokens that attend
-     * only within themselves, so the weight matmuls dominate */
-    Document none = {DOC_EXACT, 0, NULL, NULL};
     RunState block_state;
-    runstate_alloc(&block_state, &m, &none, BLOCK, BLOCK);
+    runstate_alloc(&block_state, m, &NO_DOCUMENT, BLOCK, BLOCK);
     int *block = xmalloc(BLOCK * sizeof(int));
     for (int i = 0; i < BLOCK; i++) block[i] = 3 + (i * 17) % 250;
-    if (forward(&m, &block_state, &none, block, BLOCK, 0, LOGITS_LAST) != 0) return 1;  /* warm-up */
+    if (forward(m, &block_state, &NO_DOCUMENT, block, BLOCK, 0, LOGITS_LAST) != 0) exit(1);  /* warm-up */
     int n_blocks = 0;
     double t_blocks = now_seconds();
     while (now_seconds() - t_blocks < 0.5 || n_blocks < 4) {
-        forward(&m, &block_state, &none, block, BLOCK, 0, LOGITS_LAST);
+        forward(m, &block_state, &NO_DOCUMENT, block, BLOCK, 0, LOGITS_LAST);
         n_blocks++;
     }
     double block_gflops = n_blocks * forward_flops(c, BLOCK, 0, 1) / (now_seconds() - t_blocks) / 1e9;
     runstate_free(&block_state);
     free(block);
-
-    printf("model %s: dim %d, hidden %d, %d layers, %d/%d heads, head size %d, context %d\n", model_path,
+    printf("model %s: dim %d, hidden %d, %d layers, %d/%d heads, head size %d, context %d\n", o->model_path,
            c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, d, c->seq_len);
     printf("OpenBLAS sgemm, %d x (%d x %d) and %d x (%d x %d): %.1f and %.1f GFLOP/s; at the prefill's mix %.1f GFLOP/s\n",
            BLOCK, c->dim, c->dim, BLOCK, c->hidden_dim, c->dim, g_qkvo, g_ffn, sgemm);
     printf("prefill of %d-token blocks without earlier context: %.1f GFLOP/s = %.0f%% of sgemm\n", BLOCK,
            block_gflops, 100 * block_gflops / sgemm);
-    if (max_doc > c->seq_len)
+    if (o->max_doc > c->seq_len)
         printf("note: documents beyond the model's context (%d) are for timing only (RoPE runs past it)\n", c->seq_len);
     printf("prompt %d tokens, then %d decoded; Nectar modules are MLPs (1,1,1) of the width that rho allows\n\n",
            PROMPT, DECODE);
+    return sgemm;
+}
 
+/* The serving table, a row per document size, every configuration in a
+ * child process; the longest document's full, reused and Nectar 10%
+ * measures are kept for the amortisation. */
+static void cpu_table(const Model *m, const Options *o, double sgemm, Measure longest[3]) {
     printf("| doc tokens | TTFT full prefill | TTFT reused KV | TTFT Nectar 2%% | prefill GFLOP/s (of sgemm) "
            "| decode tok/s exact | Nectar 2%% | Nectar 10%% | no doc | exact ms/token | peak MB full / reused / Nectar 2%% / 10%% / no doc "
            "| KV state | module 2%% | module 10%% |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-    Measure full = {0}, reused = {0}, n10 = {0};  /* kept from the longest document */
-    int longest = min_doc;
-    Progress progress = {"", t_start, 0, 0, 0};
-    for (int n = min_doc; n <= max_doc; n *= 2) {
+    Progress progress = {"", now_seconds(), 0, 0, 0};
+    for (int n = o->min_doc; n <= o->max_doc; n *= 2) {
         int *doc_ids = bench_document(n);
-        progress_size_starts(&progress, n, max_doc);
-        full = measure(&m, RUN_FULL_PREFILL, doc_ids, n, 0);
-        reused = measure(&m, RUN_REUSED_CACHE, doc_ids, n, 0);
-        Measure n2 = measure(&m, RUN_NECTAR, doc_ids, n, 0.02f);
-        n10 = measure(&m, RUN_NECTAR, doc_ids, n, 0.10f);
-        Measure none = measure(&m, RUN_NO_DOC, doc_ids, n, 0);
+        progress_size_starts(&progress, n, o->max_doc);
+        Measure full = measure(m, RUN_FULL_PREFILL, doc_ids, n, 0);
+        Measure reused = measure(m, RUN_REUSED_CACHE, doc_ids, n, 0);
+        Measure n2 = measure(m, RUN_NECTAR, doc_ids, n, 0.02f);
+        Measure n10 = measure(m, RUN_NECTAR, doc_ids, n, 0.10f);
+        Measure none = measure(m, RUN_NO_DOC, doc_ids, n, 0);
         printf("| %d | %.1f ms | %.2f ms | %.2f ms | %.1f (%.0f%%) | %.0f | %.0f (%.2fx no doc) | %.0f (%.2fx) | %.0f "
                "| %.3f | %.0f / %.0f / %.0f / %.0f / %.0f | %.2f MB | %.2f MB | %.2f MB |\n",
                n, full.ttft_ms, reused.ttft_ms, n2.ttft_ms, full.prefill_gflops, 100 * full.prefill_gflops / sgemm,
@@ -562,38 +572,67 @@ int main(int argc, char **argv) {
                n10.decode_tps / none.decode_tps, none.decode_tps, 1e3 / reused.decode_tps, full.peak_mb, reused.peak_mb,
                n2.peak_mb, n10.peak_mb, none.peak_mb, full.state_bytes / 1e6, n2.state_bytes / 1e6, n10.state_bytes / 1e6);
         fflush(stdout);
-        longest = n;
+        longest[0] = full; longest[1] = reused; longest[2] = n10;
         free(doc_ids);
         progress_size_ends(&progress);
     }
+}
 
-    /* module fitting: the rho 10% module of the longest document */
-    int width = mlp_width(c, longest, 0.10f), batch = 64 * (c->n_heads / c->n_kv_heads);
+/* Module fitting's throughput for the rho 10% module of the longest
+ * document, and the amortisation of train's default fit against the
+ * per-request cost of the full prefill and of a reused KV cache. */
+static void fitting_and_amortisation(const Config *c, int longest, const Measure m[3]) {
+    int d = c->dim / c->n_heads, width = mlp_width(c, longest, 0.10f), batch = 64 * (c->n_heads / c->n_kv_heads);
     double qps, fit_gflops;
     fit_throughput(d, width, batch, &qps, &fit_gflops);
     double g_fit = sgemm_gflops(batch, width, width);
     printf("\nmodule fitting (width %d, batch %d queries, forward + backward): %.0f queries/s, %.2f GFLOP/s = %.0f%% "
            "of sgemm at %d x (%d x %d) (%.1f GFLOP/s)\n", width, batch, qps, fit_gflops, 100 * fit_gflops / g_fit,
            batch, width, width, g_fit);
-    /* amortisation at the longest document, for 64 generated tokens per request */
-    /* train's defaults: 6000 steps of 64 positions, every query head of a group */
+    /* train's defaults: 6000 steps of 64 positions, every query head of a
+     * group; requests of PROMPT prompt + 64 generated tokens */
     double steps = 6000, fit_seconds = steps * batch * c->n_layers * c->n_kv_heads / qps;
-    double per_request_full = full.ttft_ms / 1e3 + 64 / full.decode_tps;
-    double per_request_reused = reused.ttft_ms / 1e3 + 64 / reused.decode_tps;
-    double per_request_nectar = n10.ttft_ms / 1e3 + 64 / n10.decode_tps;
+    double per_request[3];
+    for (int k = 0; k < 3; k++) per_request[k] = m[k].ttft_ms / 1e3 + 64 / m[k].decode_tps;
     printf("amortisation at %d tokens (rho 10%%, %g steps x %d queries x %d modules = %.0f s of fitting, not counting "
-           "the teacher pass; requests of %d prompt + 64 generated tokens):\n", longest, steps, batch, c->n_layers * c->n_kv_heads,
-           fit_seconds, PROMPT);
-    printf("  per request: full prefill %.3f s, reused KV cache %.3f s, Nectar %.3f s\n", per_request_full,
-           per_request_reused, per_request_nectar);
-    if (per_request_full > per_request_nectar)
-        printf("  break-even against full prefill after %.0f requests\n", ceil(fit_seconds / (per_request_full - per_request_nectar)));
+           "the teacher pass; requests of %d prompt + 64 generated tokens):\n", longest, steps, batch,
+           c->n_layers * c->n_kv_heads, fit_seconds, PROMPT);
+    printf("  per request: full prefill %.3f s, reused KV cache %.3f s, Nectar %.3f s\n", per_request[0],
+           per_request[1], per_request[2]);
+    if (per_request[0] > per_request[2])
+        printf("  break-even against full prefill after %.0f requests\n", ceil(fit_seconds / (per_request[0] - per_request[2])));
     else
         printf("  against full prefill Nectar saves no time per request: no break-even\n");
-    if (per_request_reused > per_request_nectar)
-        printf("  break-even against a reused KV cache after %.0f requests\n", ceil(fit_seconds / (per_request_reused - per_request_nectar)));
+    if (per_request[1] > per_request[2])
+        printf("  break-even against a reused KV cache after %.0f requests\n", ceil(fit_seconds / (per_request[1] - per_request[2])));
     else
         printf("  against a reused KV cache Nectar saves no time per request: no break-even (it saves memory only)\n");
+}
+
+int main(int argc, char **argv) {
+    Options o;
+    if (parse_options(argc, argv, &o) != 0) return 1;
+    Model m;
+    if (model_load(&m, o.model_path) != 0) return 1;
+    if (check_sizes(&m, &o) != 0) { model_free(&m); return 1; }
+    if (o.gpu) {
+#ifdef NECTAR_CUDA
+        int status = bench_gpu(&m, o.model_path, o.min_doc, o.max_doc);
+        model_free(&m);
+        return status;
+#else
+        fprintf(stderr, "error: " NO_GPU_SUPPORT "\n");
+        model_free(&m);
+        return 1;
+#endif
+    }
+    double t_start = now_seconds();
+    double sgemm = cpu_references(&m, &o);               /* 1. the references */
+    Measure longest[3];
+    cpu_table(&m, &o, sgemm, longest);                   /* 2. the serving table */
+    int n_longest = o.min_doc;
+    while (n_longest * 2 <= o.max_doc) n_longest *= 2;
+    fitting_and_amortisation(&m.config, n_longest, longest);  /* 3. fitting and amortisation */
     fprintf(stderr, "bench took %.0f s\n", now_seconds() - t_start);
     model_free(&m);
     return 0;

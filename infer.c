@@ -5,6 +5,12 @@
  *   ./infer -m model.bin -z tokenizer.bin -d doc.txt -i "prompt"          exact
  *   ./infer -m model.bin -z tokenizer.bin -k doc.nectar -i "prompt"       Nectar
  *   ./infer -m model.bin -z tokenizer.bin -i "prompt"                     no document
+ *
+ * main reads as its steps: the options; the model, tokenizer, document,
+ * modules and prompt; the device (the host, or GPU copies) and the
+ * document's KV cache on it; then one mode: generate, --compare (exact,
+ * Nectar and no document in turn) or --eval (metrics on the held-out
+ * prompts of the module file).
  */
 #include "nectar.h"
 #ifdef NECTAR_CUDA
@@ -42,6 +48,81 @@ static void usage(FILE *f) {
         "to); with neither, there is no document.\n");
 }
 
+/* ------------------------------------------------------------------------ */
+/* Options                                                                  */
+
+typedef struct {
+    const char *model_path, *tok_path, *doc_text_path, *doc_ids_path, *module_path, *prompt_text, *prompt_ids_path;
+    int n_gen, print_ids, encode_only, eval, compare, json, gpu;
+    float temperature, topp;
+    unsigned long long seed;
+} Options;
+
+/* A flag (an option without a value) into o: 1 if a is one, else 0. */
+static int parse_flag(const char *a, Options *o) {
+    int *flags[] = {&o->print_ids, &o->encode_only, &o->eval, &o->compare, &o->json, &o->gpu};
+    static const char *names[] = {"--ids", "--encode", "--eval", "--compare", "--json", "--gpu"};
+    for (int k = 0; k < 6; k++)
+        if (!strcmp(a, names[k])) { *flags[k] = 1; return 1; }
+    return 0;
+}
+
+/* The one-letter option a with value v into o: 0, or -1 after a sentence. */
+static int parse_value(const char *a, const char *v, Options *o) {
+    switch (a[1]) {
+    case 'm': o->model_path = v; return 0;
+    case 'z': o->tok_path = v; return 0;
+    case 'd': o->doc_text_path = v; return 0;
+    case 'D': o->doc_ids_path = v; return 0;
+    case 'k': o->module_path = v; return 0;
+    case 'i': o->prompt_text = v; return 0;
+    case 'I': o->prompt_ids_path = v; return 0;
+    case 'n': return parse_int_option(a, v, &o->n_gen);
+    case 't': return parse_float_option(a, v, &o->temperature);
+    case 'p': return parse_float_option(a, v, &o->topp);
+    case 's': return parse_seed_option(a, v, &o->seed);
+    }
+    fprintf(stderr, "error: unknown option '%s' (see --help)\n", a);
+    return -1;
+}
+
+/* The combinations that cannot run: NULL or the sentence. */
+static const char *options_problem(const Options *o) {
+    int has_doc = o->doc_text_path || o->doc_ids_path;
+    if (o->n_gen < 0 || o->temperature < 0.0f || o->topp < 0.0f || o->topp > 1.0f)
+        return "need -n >= 0, -t >= 0 and -p in [0, 1]";
+    if ((o->eval || o->compare) && !(o->module_path && has_doc))
+        return "--eval and --compare need the module (-k) and its document (-d/-D)";
+    if (o->json && !o->eval) return "--json is the output of --eval; add --eval or drop --json";
+    if (o->gpu && o->eval) return "--eval runs on the CPU; drop --gpu";
+#ifndef NECTAR_CUDA
+    if (o->gpu) return NO_GPU_SUPPORT;
+#endif
+    if ((o->doc_text_path && o->doc_ids_path) || (o->prompt_text && o->prompt_ids_path))
+        return "give the document as -d or -D and the prompt as -i or -I, not both";
+    return NULL;
+}
+
+static int parse_options(int argc, char **argv, Options *o) {
+    *o = (Options){.n_gen = 64, .temperature = 1.0f, .topp = 0.9f, .seed = 1234};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
+        if (parse_flag(a, o)) continue;
+        if (a[0] != '-' || strlen(a) != 2 || i + 1 >= argc) {
+            fprintf(stderr, "error: unknown or incomplete option '%s' (see --help)\n", a);
+            return -1;
+        }
+        if (parse_value(a, argv[++i], o) != 0) return -1;
+    }
+    const char *why = options_problem(o);
+    if (why) { fprintf(stderr, "error: %s\n", why); return -1; }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The model, tokenizer, document, modules and prompt                       */
+
 /* Token ids of a text (via the tokenizer; at most `room` of them) or of an id
  * file. NULL after a sentence. */
 static int *load_tokens(const Tokenizer *tok, const char *text, const char *ids_path, int bos, int room, int *n) {
@@ -61,8 +142,193 @@ static int *load_tokens(const Tokenizer *tok, const char *text, const char *ids_
     return ids;
 }
 
-/* The run state of a generation on the CPU, or on the GPU (m and doc then
- * hold device copies). */
+/* --encode: the token ids of -i, as the prompt would get them. */
+static int encode_prompt(const Options *o) {
+    if (!o->tok_path || !o->prompt_text) {
+        fprintf(stderr, "error: --encode needs -z TOKENIZER and -i \"text\"\n");
+        return 1;
+    }
+    Tokenizer tok;
+    if (tokenizer_load(&tok, o->tok_path, 0) != 0) return 1;
+    int bos = !(o->doc_text_path || o->doc_ids_path || o->module_path);  /* BOS only without a document */
+    int n, *ids = load_tokens(&tok, o->prompt_text, NULL, bos, INT_MAX, &n);
+    if (!ids) return 1;
+    for (int i = 0; i < n; i++) printf("%d%c", ids[i], i + 1 < n ? ' ' : '\n');
+    free(ids);
+    tokenizer_free(&tok);
+    return 0;
+}
+
+typedef struct {
+    Model model;
+    Tokenizer tok, *tokp;  /* tokp: &tok when -z was given, else NULL */
+    int has_doc, n_doc, *doc_ids;  /* the document's ids (-d/-D) */
+    int has_modules;       /* -k */
+    ModuleSet modules;
+    int n_before;          /* tokens before the prompt: the document's, or those its modules stand for */
+    int n_prompt, *prompt;
+    int steps;             /* tokens to generate, within the context */
+} Inputs;
+
+/* The document's ids (-d/-D), encoded with BOS first. */
+static int load_document(const Options *o, Inputs *in) {
+    const Config *c = &in->model.config;
+    char *text = o->doc_text_path ? read_text_file(o->doc_text_path) : NULL;
+    if (o->doc_text_path && !text) return -1;
+    if (text && !text[0]) { fprintf(stderr, "error: the document %s is empty\n", o->doc_text_path); return -1; }
+    in->doc_ids = load_tokens(in->tokp, text, o->doc_ids_path, 1, c->seq_len, &in->n_doc);
+    free(text);
+    if (!in->doc_ids || check_tokens(&in->model, in->doc_ids, in->n_doc, "document") != 0) return -1;
+    if (in->n_doc == 0) { fprintf(stderr, "error: the document is empty\n"); return -1; }
+    return 0;
+}
+
+/* The module file (-k), fitted to this model and, when given, this document. */
+static int load_modules(const Options *o, Inputs *in) {
+    const Config *c = &in->model.config;
+    uint64_t doc_fp = in->has_doc ? document_fingerprint(in->doc_ids, in->n_doc) : 0;
+    ModuleSet *ms = &in->modules;
+    if (moduleset_load(ms, o->module_path, in->model.fingerprint, doc_fp) != 0) return -1;
+    if (ms->n_layers != c->n_layers || ms->n_kv_heads != c->n_kv_heads || ms->head_size != c->dim / c->n_heads) {
+        fprintf(stderr, "error: %s has modules for a different model shape\n", o->module_path);
+        return -1;
+    }
+    if (in->has_doc && ms->n_doc != in->n_doc) {
+        fprintf(stderr, "error: %s stands for a document of %d tokens, but the document has %d; "
+                "the file is corrupt\n", o->module_path, ms->n_doc, in->n_doc);
+        return -1;
+    }
+    if (ms->n_doc >= c->seq_len) {
+        fprintf(stderr, "error: %s stands for a document of %d tokens, which leaves no room in the "
+                "model's context of %d\n", o->module_path, ms->n_doc, c->seq_len);
+        return -1;
+    }
+    return 0;
+}
+
+/* The prompt (BOS alone when none is given and there is no document), and
+ * the number of tokens to generate within the context. */
+static int load_prompt(const Options *o, Inputs *in) {
+    const Config *c = &in->model.config;
+    int after_doc = in->has_doc || in->has_modules;
+    if (o->prompt_text || o->prompt_ids_path) {
+        in->prompt = load_tokens(in->tokp, o->prompt_text, o->prompt_ids_path, !after_doc, c->seq_len - in->n_before,
+                                 &in->n_prompt);
+        if (!in->prompt || check_tokens(&in->model, in->prompt, in->n_prompt, "prompt") != 0) return -1;
+    }
+    if (in->n_prompt == 0) {
+        if (after_doc && !o->eval) {
+            fprintf(stderr, "error: give a prompt (-i or -I) to follow the document\n");
+            return -1;
+        }
+        free(in->prompt);
+        in->prompt = xmalloc(sizeof(int));
+        in->prompt[0] = 1;  /* BOS */
+        in->n_prompt = 1;
+    }
+    if (in->n_before + in->n_prompt > c->seq_len) {
+        fprintf(stderr, "error: document (%d tokens) plus prompt (%d tokens) exceed the model's context "
+                "of %d tokens\n", in->n_before, in->n_prompt, c->seq_len);
+        return -1;
+    }
+    /* generated token i sits at position n_before + n_prompt + i; the last
+     * one is sampled but never fed, so it may fall just past the context */
+    in->steps = o->n_gen;
+    if (!o->eval && in->steps > c->seq_len + 1 - in->n_before - in->n_prompt) {
+        in->steps = c->seq_len + 1 - in->n_before - in->n_prompt;
+        fprintf(stderr, "note: generating %d tokens, not %d: the context ends at %d\n", in->steps, o->n_gen,
+                c->seq_len);
+    }
+    return 0;
+}
+
+static int load_inputs(const Options *o, Inputs *in) {
+    memset(in, 0, sizeof(*in));
+    if (!o->model_path) {
+        fprintf(stderr, "error: a model is required (-m MODEL); see --help\n");
+        return -1;
+    }
+    if (model_load(&in->model, o->model_path) != 0) return -1;
+    if (o->tok_path) {
+        if (tokenizer_load(&in->tok, o->tok_path, in->model.config.vocab_size) != 0) return -1;
+        in->tokp = &in->tok;
+    }
+    in->has_doc = o->doc_text_path || o->doc_ids_path;
+    in->has_modules = o->module_path != NULL;
+    if (in->has_doc && load_document(o, in) != 0) return -1;
+    if (in->has_modules && load_modules(o, in) != 0) return -1;
+    in->n_before = in->has_doc ? in->n_doc : in->has_modules ? in->modules.n_doc : 0;
+    return load_prompt(o, in);
+}
+
+static void inputs_free(Inputs *in) {
+    if (in->has_modules) moduleset_free(&in->modules);
+    free(in->prompt); free(in->doc_ids);
+    if (in->tokp) tokenizer_free(in->tokp);
+    model_free(&in->model);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The device: the host, or GPU copies of the model and document state      */
+
+/* What generation runs on. On the host: the loaded model and modules and the
+ * KV cache built here; with --gpu: their device copies. */
+typedef struct {
+    int gpu;
+    const Model *model;
+    const ModuleSet *modules;  /* NULL without -k */
+    DocCache cache;            /* the document's KV cache on the device, when built */
+    int has_cache;
+    Model model_dev;           /* --gpu: the copies */
+    ModuleSet modules_dev;
+} Device;
+
+/* The one place the device is chosen: uploads to the GPU with --gpu. */
+static int device_open(Device *dv, const Options *o, const Inputs *in) {
+    memset(dv, 0, sizeof(*dv));
+    dv->gpu = o->gpu;
+    dv->model = &in->model;
+    dv->modules = in->has_modules ? &in->modules : NULL;
+#ifdef NECTAR_CUDA
+    if (o->gpu) {
+        if (nectar_cuda_init() != 0) return -1;
+        model_upload_cuda(&dv->model_dev, &in->model);
+        if (in->has_modules) moduleset_upload_cuda(&dv->modules_dev, &in->modules, 0);
+        dv->model = &dv->model_dev;
+        dv->modules = in->has_modules ? &dv->modules_dev : NULL;
+    }
+#endif
+    return 0;
+}
+
+/* The exact path's prefill: the document's KV cache on the device. */
+static int device_build_cache(Device *dv, const Inputs *in) {
+#ifdef NECTAR_CUDA
+    if (dv->gpu) {
+        if (doccache_build_cuda(&dv->cache, dv->model, in->doc_ids, in->n_doc, 256) != 0) return -1;
+        dv->has_cache = 1;
+        return 0;
+    }
+#endif
+    if (doccache_build(&dv->cache, dv->model, in->doc_ids, in->n_doc, 256) != 0) return -1;
+    dv->has_cache = 1;
+    return 0;
+}
+
+static void device_close(Device *dv) {
+#ifdef NECTAR_CUDA
+    if (dv->gpu) {
+        if (dv->has_cache) doccache_free_cuda(&dv->cache);
+        if (dv->modules) moduleset_free_cuda(&dv->modules_dev);
+        model_free_cuda(&dv->model_dev);
+        nectar_cuda_free();
+        return;
+    }
+#endif
+    if (dv->has_cache) doccache_free(&dv->cache);
+}
+
+/* The run state of a generation on the device. */
 typedef struct {
     int gpu;
     RunState cpu;
@@ -100,30 +366,35 @@ static void runner_free(Runner *r) {
     runstate_free(&r->cpu);
 }
 
-/* Generates up to `steps` tokens after the prompt, printing them to stdout
- * (pieces with a tokenizer, else ids). Returns the count, or -1. */
-static int generate(const Model *m, const Document *doc, int gpu, const int *prompt, int n_prompt, int steps,
+/* ------------------------------------------------------------------------ */
+/* The modes                                                                */
+
+/* Prints a generated token: its piece with a tokenizer (raw bytes only when
+ * printable or whitespace), else its id. */
+static void print_token(const Tokenizer *tok, int print_ids, int i, int prev, int next) {
+    if (print_ids || !tok) { printf("%s%d", i ? " " : "", next); return; }
+    const char *piece = tokenizer_decode(tok, prev, next);
+    if (piece && !(piece[0] && !piece[1] && (unsigned char)piece[0] < 32 && !strchr("\t\n\r", piece[0])))
+        fputs(piece, stdout);
+}
+
+/* Generates up to `steps` tokens after the prompt, printing them to stdout.
+ * Returns the count, or -1. */
+static int generate(const Device *dv, const Document *doc, const int *prompt, int n_prompt, int steps,
                     Sampler *sampler, const Tokenizer *tok, int print_ids, double *ms_first, double *tok_per_s) {
-    int V = m->config.vocab_size;
+    const Model *m = dv->model;
     Runner r;
-    runner_alloc(&r, gpu, m, doc, n_prompt, n_prompt + (steps > 0 ? steps - 1 : 0));
+    runner_alloc(&r, dv->gpu, m, doc, n_prompt, n_prompt + (steps > 0 ? steps - 1 : 0));
     const float *last;
     double t0 = now_seconds();
     if (runner_forward(&r, m, doc, prompt, n_prompt, 0, &last) != 0) { runner_free(&r); return -1; }
     double t_first = now_seconds();
     int prev = prompt[n_prompt - 1], generated = 0;
     for (int i = 0; i < steps; i++) {
-        int next = sample(sampler, last, V);
+        int next = sample(sampler, last, m->config.vocab_size);
         if (next == 1) break;  /* BOS delimits sequences, as in llama2.c */
         generated++;
-        if (print_ids || !tok) printf("%s%d", i ? " " : "", next);
-        else {
-            const char *piece = tokenizer_decode(tok, prev, next);
-            /* raw bytes are printed only when printable or whitespace */
-            if (piece && !(piece[0] && !piece[1] && (unsigned char)piece[0] < 32 &&
-                           !strchr("\t\n\r", piece[0])))
-                fputs(piece, stdout);
-        }
+        print_token(tok, print_ids, i, prev, next);
         fflush(stdout);
         prev = next;
         if (i + 1 < steps && runner_forward(&r, m, doc, &next, 1, n_prompt + i, &last) != 0) {
@@ -139,270 +410,114 @@ static int generate(const Model *m, const Document *doc, int gpu, const int *pro
     return generated;
 }
 
-int main(int argc, char **argv) {
-    const char *model_path = NULL, *tok_path = NULL, *doc_text_path = NULL, *doc_ids_path = NULL;
-    const char *module_path = NULL, *prompt_text = NULL, *prompt_ids_path = NULL;
-    int n_gen = 64, print_ids = 0, encode_only = 0, eval = 0, compare = 0, json = 0, gpu = 0;
-    float temperature = 1.0f, topp = 0.9f;
-    unsigned long long seed = 1234;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
-        if (!strcmp(a, "--ids")) { print_ids = 1; continue; }
-        if (!strcmp(a, "--encode")) { encode_only = 1; continue; }
-        if (!strcmp(a, "--eval")) { eval = 1; continue; }
-        if (!strcmp(a, "--compare")) { compare = 1; continue; }
-        if (!strcmp(a, "--json")) { json = 1; continue; }
-        if (!strcmp(a, "--gpu")) { gpu = 1; continue; }
-        if (a[0] != '-' || strlen(a) != 2 || i + 1 >= argc) {
-            fprintf(stderr, "error: unknown or incomplete option '%s' (see --help)\n", a);
-            return 1;
-        }
-        const char *v = argv[++i];
-        int bad = 0;
-        switch (a[1]) {
-        case 'm': model_path = v; break;
-        case 'z': tok_path = v; break;
-        case 'd': doc_text_path = v; break;
-        case 'D': doc_ids_path = v; break;
-        case 'k': module_path = v; break;
-        case 'i': prompt_text = v; break;
-        case 'I': prompt_ids_path = v; break;
-        case 'n': bad = parse_int_option(a, v, &n_gen); break;
-        case 't': bad = parse_float_option(a, v, &temperature); break;
-        case 'p': bad = parse_float_option(a, v, &topp); break;
-        case 's': bad = parse_seed_option(a, v, &seed); break;
-        default:
-            fprintf(stderr, "error: unknown option '%s' (see --help)\n", a);
-            return 1;
-        }
-        if (bad) return 1;
+/* --eval: the metrics on the module file's held-out prompts (on the CPU). */
+static int run_eval(const Options *o, const Inputs *in, const Device *dv) {
+    const Config *c = &in->model.config;
+    const ModuleSet *ms = &in->modules;
+    if (ms->heldout.n_prompts == 0) {
+        fprintf(stderr, "error: %s holds no held-out prompts to evaluate on\n", o->module_path);
+        return -1;
     }
-    if (n_gen < 0 || temperature < 0.0f || topp < 0.0f || topp > 1.0f) {
-        fprintf(stderr, "error: need -n >= 0, -t >= 0 and -p in [0, 1]\n");
-        return 1;
-    }
-    if ((eval || compare) && !(module_path && (doc_text_path || doc_ids_path))) {
-        fprintf(stderr, "error: --eval and --compare need the module (-k) and its document (-d/-D)\n");
-        return 1;
-    }
-    if (json && !eval) {
-        fprintf(stderr, "error: --json is the output of --eval; add --eval or drop --json\n");
-        return 1;
-    }
-    if (gpu && eval) {
-        fprintf(stderr, "error: --eval runs on the CPU; drop --gpu\n");
-        return 1;
-    }
-#ifndef NECTAR_CUDA
-    if (gpu) {
-        fprintf(stderr, "error: " NO_GPU_SUPPORT "\n");
-        return 1;
-    }
-#endif
-    if ((doc_text_path && doc_ids_path) || (prompt_text && prompt_ids_path)) {
-        fprintf(stderr, "error: give the document as -d or -D and the prompt as -i or -I, not both\n");
-        return 1;
-    }
-
-    Tokenizer tok, *tokp = NULL;
-    if (encode_only) {
-        if (!tok_path || !prompt_text) {
-            fprintf(stderr, "error: --encode needs -z TOKENIZER and -i \"text\"\n");
-            return 1;
-        }
-        if (tokenizer_load(&tok, tok_path, 0) != 0) return 1;
-        int bos = !(doc_text_path || doc_ids_path || module_path);  /* as the prompt would get */
-        int n, *ids = load_tokens(&tok, prompt_text, NULL, bos, INT_MAX, &n);
-        if (!ids) return 1;
-        for (int i = 0; i < n; i++) printf("%d%c", ids[i], i + 1 < n ? ' ' : '\n');
-        free(ids);
-        tokenizer_free(&tok);
-        return 0;
-    }
-    if (!model_path) {
-        fprintf(stderr, "error: a model is required (-m MODEL); see --help\n");
-        return 1;
-    }
-    Model model;
-    if (model_load(&model, model_path) != 0) return 1;
-    const Config *c = &model.config;
-    if (tok_path) {
-        if (tokenizer_load(&tok, tok_path, c->vocab_size) != 0) return 1;
-        tokp = &tok;
-    }
-
-    /* the document: exact KV cache, module, or none */
-    int n_doc = 0, *doc_ids = NULL;
-    int has_doc = doc_text_path || doc_ids_path;
-    if (has_doc) {
-        char *text = doc_text_path ? read_text_file(doc_text_path) : NULL;
-        if (doc_text_path && !text) return 1;
-        if (text && !text[0]) { fprintf(stderr, "error: the document %s is empty\n", doc_text_path); return 1; }
-        doc_ids = load_tokens(tokp, text, doc_ids_path, 1, c->seq_len, &n_doc);
-        free(text);
-        if (!doc_ids || check_tokens(&model, doc_ids, n_doc, "document") != 0) return 1;
-        if (n_doc == 0) { fprintf(stderr, "error: the document is empty\n"); return 1; }
-    }
-    ModuleSet modules;
-    Document doc = {DOC_EXACT, 0, NULL, NULL};
-    DocCache cache;
-    if (module_path) {
-        uint64_t doc_fp = has_doc ? document_fingerprint(doc_ids, n_doc) : 0;
-        if (moduleset_load(&modules, module_path, model.fingerprint, doc_fp) != 0) return 1;
-        if (modules.n_layers != c->n_layers || modules.n_kv_heads != c->n_kv_heads ||
-            modules.head_size != c->dim / c->n_heads) {
-            fprintf(stderr, "error: %s has modules for a different model shape\n", module_path);
-            return 1;
-        }
-        if (has_doc && modules.n_doc != n_doc) {
-            fprintf(stderr, "error: %s stands for a document of %d tokens, but the document has %d; "
-                    "the file is corrupt\n", module_path, modules.n_doc, n_doc);
-            return 1;
-        }
-        if (modules.n_doc >= c->seq_len) {
-            fprintf(stderr, "error: %s stands for a document of %d tokens, which leaves no room in the "
-                    "model's context of %d\n", module_path, modules.n_doc, c->seq_len);
-            return 1;
-        }
-    }
-
-    /* the prompt */
-    int n_before = has_doc ? n_doc : module_path ? modules.n_doc : 0;  /* tokens before the prompt */
-    int n_prompt = 0, *prompt = NULL;
-    if (prompt_text || prompt_ids_path) {
-        prompt = load_tokens(tokp, prompt_text, prompt_ids_path, !(has_doc || module_path), c->seq_len - n_before,
-                             &n_prompt);
-        if (!prompt || check_tokens(&model, prompt, n_prompt, "prompt") != 0) return 1;
-    }
-    if (n_prompt == 0) {
-        if ((has_doc || module_path) && !eval) {
-            fprintf(stderr, "error: give a prompt (-i or -I) to follow the document\n");
-            return 1;
-        }
-        free(prompt);
-        prompt = xmalloc(sizeof(int));
-        prompt[0] = 1;  /* BOS */
-        n_prompt = 1;
-    }
-    if (n_before + n_prompt > c->seq_len) {
-        fprintf(stderr, "error: document (%d tokens) plus prompt (%d tokens) exceed the model's context "
-                "of %d tokens\n", n_before, n_prompt, c->seq_len);
-        return 1;
-    }
-    /* generated token i sits at position n_before + n_prompt + i; the last
-     * one is sampled but never fed, so it may fall just past the context */
-    int steps = n_gen;
-    if (!eval && steps > c->seq_len + 1 - n_before - n_prompt) {
-        steps = c->seq_len + 1 - n_before - n_prompt;
-        fprintf(stderr, "note: generating %d tokens, not %d: the context ends at %d tokens\n", steps, n_gen, c->seq_len);
-    }
-
-    /* what generation runs on: the host's model and document state, or their
-     * GPU copies (--gpu) */
-    const Model *run_model = &model;
-    const DocCache *run_cache = &cache;
-    const ModuleSet *run_modules = &modules;
-#ifdef NECTAR_CUDA
-    Model model_dev;
-    DocCache cache_dev;
-    ModuleSet modules_dev;
-    if (gpu) {
-        if (nectar_cuda_init() != 0) return 1;
-        model_upload_cuda(&model_dev, &model);
-        if (module_path) moduleset_upload_cuda(&modules_dev, &modules, 0);
-        run_model = &model_dev; run_cache = &cache_dev; run_modules = &modules_dev;
-    }
-#endif
-    if (module_path) doc = (Document){DOC_NECTAR, modules.n_doc, NULL, run_modules};
-
-    double t0 = now_seconds();
-    /* the exact path's prefill: the document's KV cache (with a module, only
-     * --eval and --compare need it) */
-    int need_cache = has_doc && (!module_path || eval || compare);
-    if (need_cache) {
-#ifdef NECTAR_CUDA
-        if (gpu && doccache_build_cuda(&cache_dev, &model_dev, doc_ids, n_doc, 256) != 0) return 1;
-#endif
-        if (!gpu && doccache_build(&cache, &model, doc_ids, n_doc, 256) != 0) return 1;
-        if (!module_path) doc = (Document){DOC_EXACT, n_doc, run_cache, NULL};
-    }
-    double prefill_ms = (now_seconds() - t0) * 1e3;
-    if (module_path) {
-        size_t kv_bytes = 2 * sizeof(float) * (size_t)c->n_layers * modules.n_doc * (c->dim / c->n_heads) * c->n_kv_heads;
-        fprintf(stderr, "storage: document KV state %zu bytes, module %zu bytes (%.1fx smaller)\n",
-                kv_bytes, modules.n_params * sizeof(float), (double)kv_bytes / (modules.n_params * sizeof(float)));
-    }
-    if (eval) {
-        if (modules.heldout.n_prompts == 0) {
-            fprintf(stderr, "error: %s holds no held-out prompts to evaluate on\n", module_path);
-            return 1;
-        }
-        EvalResult random_split, challenge_split;
-        if (evaluate(&model, &cache, &modules, &modules.heldout, 0, &random_split) != 0 ||
-            evaluate(&model, &cache, &modules, &modules.heldout, 1, &challenge_split) != 0) return 1;
-        if (json) {
-            printf("{\"arch\": \"%s\", \"rho\": %.6g, \"params\": %zu, \"kv_entries\": %ld, \"random\": ",
-                   modules.arch == ARCH_MLP ? "mlp" : "quad", modules.rho, modules.n_params,
-                   2L * c->n_layers * n_doc * (c->dim / c->n_heads) * c->n_kv_heads);
-            print_eval_json(stdout, &random_split);
-            printf(", \"challenge\": ");
-            print_eval_json(stdout, &challenge_split);
-            printf("}\n");
-        } else {
-            print_eval_table(stdout, "held-out prompts (random split)", &random_split, c->n_layers);
-            print_eval_table(stdout, "held-out prompts (challenge split)", &challenge_split, c->n_layers);
-        }
-        evalresult_free(&random_split); evalresult_free(&challenge_split);
-    } else if (compare) {
-        /* the same prompt and seed three ways; without a document the prompt starts with BOS */
-        Document exact = {DOC_EXACT, n_doc, run_cache, NULL}, none = {DOC_EXACT, 0, NULL, NULL};
-        int *bos_prompt = xmalloc((n_prompt + 1) * sizeof(int));
-        int bos = prompt[0] != 1;
-        bos_prompt[0] = 1;
-        memcpy(bos_prompt + bos, prompt, n_prompt * sizeof(int));
-        struct { const char *name; const Document *doc; const int *prompt; int n; } runs[3] = {
-            {"exact (document KV cache)", &exact, prompt, n_prompt},
-            {"Nectar (module)", &doc, prompt, n_prompt},
-            {"no document", &none, bos_prompt, n_prompt + bos}};
-        for (int r = 0; r < 3; r++) {
-            double first_ms, rate;
-            Sampler sampler;
-            sampler_init(&sampler, c->vocab_size, temperature, topp, seed);
-            printf("--- %s ---\n", runs[r].name);
-            fflush(stdout);
-            int n = generate(run_model, runs[r].doc, gpu, runs[r].prompt, runs[r].n, steps, &sampler, tokp, print_ids,
-                             &first_ms, &rate);
-            sampler_free(&sampler);
-            if (n < 0) return 1;
-            fprintf(stderr, "%s: %.1f ms to first token, %d tokens at %.1f tok/s\n", runs[r].name, first_ms, n, rate);
-        }
-        free(bos_prompt);
+    EvalResult random_split, challenge_split;
+    if (evaluate(&in->model, &dv->cache, ms, &ms->heldout, 0, &random_split) != 0 ||
+        evaluate(&in->model, &dv->cache, ms, &ms->heldout, 1, &challenge_split) != 0) return -1;
+    if (o->json) {
+        printf("{\"arch\": \"%s\", \"rho\": %.6g, \"params\": %zu, \"kv_entries\": %ld, \"random\": ",
+               ms->arch == ARCH_MLP ? "mlp" : "quad", ms->rho, ms->n_params,
+               2L * c->n_layers * in->n_doc * (c->dim / c->n_heads) * c->n_kv_heads);
+        print_eval_json(stdout, &random_split);
+        printf(", \"challenge\": ");
+        print_eval_json(stdout, &challenge_split);
+        printf("}\n");
     } else {
+        print_eval_table(stdout, "held-out prompts (random split)", &random_split, c->n_layers);
+        print_eval_table(stdout, "held-out prompts (challenge split)", &challenge_split, c->n_layers);
+    }
+    evalresult_free(&random_split); evalresult_free(&challenge_split);
+    return 0;
+}
+
+/* --compare: the same prompt and seed three ways; without a document the
+ * prompt starts with BOS. */
+static int run_compare(const Options *o, const Inputs *in, const Device *dv, const Document *nectar) {
+    Document exact = {DOC_EXACT, in->n_doc, &dv->cache, NULL};
+    int *bos_prompt = xmalloc((in->n_prompt + 1) * sizeof(int));
+    int bos = in->prompt[0] != 1;
+    bos_prompt[0] = 1;
+    memcpy(bos_prompt + bos, in->prompt, in->n_prompt * sizeof(int));
+    struct { const char *name; const Document *doc; const int *prompt; int n; } runs[3] = {
+        {"exact (document KV cache)", &exact, in->prompt, in->n_prompt},
+        {"Nectar (module)", nectar, in->prompt, in->n_prompt},
+        {"no document", &NO_DOCUMENT, bos_prompt, in->n_prompt + bos}};
+    int rc = 0;
+    for (int r = 0; r < 3 && rc == 0; r++) {
         double first_ms, rate;
         Sampler sampler;
-        sampler_init(&sampler, c->vocab_size, temperature, topp, seed);
-        int n = generate(run_model, &doc, gpu, prompt, n_prompt, steps, &sampler, tokp, print_ids, &first_ms, &rate);
+        sampler_init(&sampler, in->model.config.vocab_size, o->temperature, o->topp, o->seed);
+        printf("--- %s ---\n", runs[r].name);
+        fflush(stdout);
+        int n = generate(dv, runs[r].doc, runs[r].prompt, runs[r].n, in->steps, &sampler, in->tokp, o->print_ids,
+                         &first_ms, &rate);
         sampler_free(&sampler);
-        if (n < 0) return 1;
-        const char *mode = module_path ? "Nectar" : has_doc ? "exact" : "no document";
-        fprintf(stderr, "%s%s: document %d tokens (prefill %.1f ms), prompt %d tokens (%.1f ms to first token), "
-                "%d generated at %.1f tok/s\n", mode, gpu ? " (GPU)" : "", n_before, module_path ? 0.0 : prefill_ms, n_prompt,
-                first_ms, n, rate);
+        if (n < 0) rc = -1;
+        else fprintf(stderr, "%s: %.1f ms to first token, %d tokens at %.1f tok/s\n", runs[r].name, first_ms, n, rate);
     }
+    free(bos_prompt);
+    return rc;
+}
 
-#ifdef NECTAR_CUDA
-    if (gpu) {
-        if (need_cache) doccache_free_cuda(&cache_dev);
-        if (module_path) moduleset_free_cuda(&modules_dev);
-        model_free_cuda(&model_dev);
-        nectar_cuda_free();
-    }
-#endif
-    if (need_cache && !gpu) doccache_free(&cache);
-    if (module_path) moduleset_free(&modules);
-    free(prompt); free(doc_ids);
-    if (tokp) tokenizer_free(tokp);
-    model_free(&model);
+/* Generation with the document state `doc` (exact, Nectar or none). */
+static int run_generate(const Options *o, const Inputs *in, const Device *dv, const Document *doc,
+                        double prefill_ms) {
+    double first_ms, rate;
+    Sampler sampler;
+    sampler_init(&sampler, in->model.config.vocab_size, o->temperature, o->topp, o->seed);
+    int n = generate(dv, doc, in->prompt, in->n_prompt, in->steps, &sampler, in->tokp, o->print_ids, &first_ms, &rate);
+    sampler_free(&sampler);
+    if (n < 0) return -1;
+    const char *mode = in->has_modules ? "Nectar" : in->has_doc ? "exact" : "no document";
+    fprintf(stderr, "%s%s: document %d tokens (prefill %.1f ms), prompt %d tokens (%.1f ms to first token), "
+            "%d generated at %.1f tok/s\n", mode, dv->gpu ? " (GPU)" : "", in->n_before,
+            in->has_modules ? 0.0 : prefill_ms, in->n_prompt, first_ms, n, rate);
+    return 0;
+}
+
+/* The storage line: the document's KV state against the module's bytes. */
+static void print_storage(const Inputs *in) {
+    const Config *c = &in->model.config;
+    size_t kv_bytes = 2 * sizeof(float) * (size_t)c->n_layers * in->modules.n_doc * (c->dim / c->n_heads) *
+                      c->n_kv_heads, module_bytes = in->modules.n_params * sizeof(float);
+    fprintf(stderr, "storage: document KV state %zu bytes, module %zu bytes (%.1fx smaller)\n", kv_bytes,
+            module_bytes, (double)kv_bytes / module_bytes);
+}
+
+int main(int argc, char **argv) {
+    /* 1. options; --encode needs nothing else */
+    Options o;
+    if (parse_options(argc, argv, &o) != 0) return 1;
+    if (o.encode_only) return encode_prompt(&o);
+
+    /* 2. the model, tokenizer, document, modules and prompt */
+    Inputs in;
+    if (load_inputs(&o, &in) != 0) return 1;
+
+    /* 3. the device, and the document's KV cache on it (with a module, only
+     * --eval and --compare need the cache) */
+    Device dv;
+    if (device_open(&dv, &o, &in) != 0) return 1;
+    double t0 = now_seconds();
+    if (in.has_doc && (!in.has_modules || o.eval || o.compare) && device_build_cache(&dv, &in) != 0) return 1;
+    double prefill_ms = (now_seconds() - t0) * 1e3;
+    Document doc = NO_DOCUMENT;
+    if (in.has_modules) doc = (Document){DOC_NECTAR, in.modules.n_doc, NULL, dv.modules};
+    else if (dv.has_cache) doc = (Document){DOC_EXACT, in.n_doc, &dv.cache, NULL};
+    if (in.has_modules) print_storage(&in);
+
+    /* 4. the mode */
+    int rc = o.eval ? run_eval(&o, &in, &dv) : o.compare ? run_compare(&o, &in, &dv, &doc)
+                                                         : run_generate(&o, &in, &dv, &doc, prefill_ms);
+    if (rc != 0) return 1;
+    device_close(&dv);
+    inputs_free(&in);
     return 0;
 }

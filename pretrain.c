@@ -106,7 +106,6 @@ static void *worker_run(void *arg) {
     Worker *w = arg;
     const Model *m = w->model;
     int V = m->config.vocab_size, T = m->config.seq_len;
-    Document none = {DOC_EXACT, 0, NULL, NULL};
     Weights dw;
     weights_view(&m->config, m->shared_classifier, w->dparams, &dw);
     memset(w->dparams, 0, m->n_params * sizeof(float));
@@ -117,7 +116,7 @@ static void *worker_run(void *arg) {
         CorpusSample cs = corpus_sample(&rng, w->p_copy, w->text, w->weight, T - 2);
         int n = to_tokens(w->text, cs.doc_len, w->text + cs.doc_len, cs.len - cs.doc_len, w->weight,
                           w->weight + cs.doc_len, w->tokens, w->token_weight) - 1;  /* the last token is only a target */
-        forward(m, &w->state, &none, w->tokens, n, 0, LOGITS_ALL);
+        forward(m, &w->state, &NO_DOCUMENT, w->tokens, n, 0, LOGITS_ALL);
         w->tokens_done += n;
         /* L = sum_t w_t CE_t / sum of all weights of the step (applied after);
          * dL/dlogits_t = w_t (softmax(logits_t) - onehot(target_t)) */
@@ -134,7 +133,7 @@ static void *worker_run(void *arg) {
             for (int j = 0; j < V; j++) dz[j] = (float)(wt * exp(z[j] - lse));
             dz[target] -= wt;
         }
-        backward(m, &w->state, &none, w->tokens, n, w->dlogits, &dw);
+        backward(m, &w->state, &NO_DOCUMENT, w->tokens, n, w->dlogits, &dw);
     }
     return NULL;
 }
@@ -225,6 +224,80 @@ static int write_demo(const char *dir, const Options *o) {
     return write_memstream(f, &buf, &size, path);
 }
 
+static void workers_alloc(Worker *workers, Model *m, const Options *o) {
+    int T = m->config.seq_len, V = m->config.vocab_size;
+    for (int k = 0; k < N_WORKERS; k++) {
+        Worker *w = &workers[k];
+        memset(w, 0, sizeof(*w));
+        w->model = m; w->o = o;
+        runstate_alloc(&w->state, m, &NO_DOCUMENT, T, T);
+        runstate_enable_backward(&w->state, m);
+        w->dparams = xmalloc(m->n_params * sizeof(float));
+        w->dlogits = xmalloc((size_t)T * V * sizeof(float));
+        w->text = xmalloc(T + 1);
+        w->weight = xmalloc(T * sizeof(float));
+        w->tokens = xmalloc(T * sizeof(int));
+        w->token_weight = xmalloc(T * sizeof(float));
+    }
+}
+
+static void workers_free(Worker *workers) {
+    for (int k = 0; k < N_WORKERS; k++) {
+        runstate_free(&workers[k].state);
+        free(workers[k].dparams); free(workers[k].dlogits); free(workers[k].text);
+        free(workers[k].weight); free(workers[k].tokens); free(workers[k].token_weight);
+    }
+}
+
+/* One step's gradients and losses of every worker, run in parallel. */
+static void run_workers(Worker *workers, int step, float p_copy, int batch) {
+    pthread_t threads[N_WORKERS];
+    for (int k = 0; k < N_WORKERS; k++) {
+        Worker *w = &workers[k];
+        w->step = step; w->p_copy = p_copy;
+        w->first = k * batch / N_WORKERS;
+        w->count = (k + 1) * batch / N_WORKERS - w->first;
+        pthread_create(&threads[k], NULL, worker_run, w);
+    }
+    for (int k = 0; k < N_WORKERS; k++) pthread_join(threads[k], NULL);
+}
+
+/* The workers' gradients summed in a fixed order into workers[0].dparams,
+ * normalised by the step's total weight and clipped at norm 1.0; returns
+ * the norm before clipping and the weighted mean loss in *loss. */
+static double combine_gradients(Worker *workers, size_t n_params, double *loss) {
+    double loss_sum = 0, weight_sum = 0, norm = 0;
+    for (int k = 0; k < N_WORKERS; k++) { loss_sum += workers[k].loss; weight_sum += workers[k].weight_sum; }
+    float *g = workers[0].dparams;
+    for (int k = 1; k < N_WORKERS; k++)
+        for (size_t i = 0; i < n_params; i++) g[i] += workers[k].dparams[i];
+    for (size_t i = 0; i < n_params; i++) { g[i] /= (float)weight_sum; norm += (double)g[i] * g[i]; }
+    norm = sqrt(norm);
+    float clip = norm > 1.0 ? (float)(1.0 / norm) : 1.0f;
+    for (size_t i = 0; i < n_params; i++) g[i] *= clip;
+    *loss = loss_sum / weight_sum;
+    return norm;
+}
+
+/* lr: warmup over 2% of the steps, then cosine decay to a tenth */
+static float pretrain_lr(const Options *o, int step) {
+    int warmup = o->steps / 50 + 1;
+    return step < warmup ? o->lr * (step + 1) / warmup
+         : o->lr * (0.1f + 0.45f * (1.0f + cosf(3.14159265f * (step - warmup) / (o->steps - warmup))));
+}
+
+/* model.bin, tokenizer.bin and the demo's document and prompts into DIR. */
+static int write_outputs(const Options *o, const Model *m) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/model.bin", o->out_dir);
+    int rc = model_save(m, path);
+    snprintf(path, sizeof path, "%s/tokenizer.bin", o->out_dir);
+    if (rc == 0) rc = write_tokenizer(path);
+    if (rc == 0) rc = write_demo(o->out_dir, o);
+    if (rc == 0) fprintf(stderr, "wrote %s/{model.bin,tokenizer.bin,doc.txt,prompts.txt}\n", o->out_dir);
+    return rc;
+}
+
 static int pretrain(const Options *o) {
     openblas_set_num_threads(1);  /* the workers are the parallelism */
     /* find out now, not after the training, that the output cannot be written */
@@ -237,57 +310,21 @@ static int pretrain(const Options *o) {
     Model m;
     if (model_init_random(&m, DEFAULT_CONFIG, 1, 1, 0.0f) != 0) return -1;
     init_weights(&m, o->seed * 2 + 1);
-    int T = m.config.seq_len, V = m.config.vocab_size;
     fprintf(stderr, "pretraining %zu parameters: dim %d, hidden %d, %d layers, %d/%d heads, context %d\n",
             m.n_params, m.config.dim, m.config.hidden_dim, m.config.n_layers, m.config.n_heads,
-            m.config.n_kv_heads, T);
+            m.config.n_kv_heads, m.config.seq_len);
     Worker workers[N_WORKERS];
-    Document none = {DOC_EXACT, 0, NULL, NULL};
-    for (int k = 0; k < N_WORKERS; k++) {
-        Worker *w = &workers[k];
-        memset(w, 0, sizeof(*w));
-        w->model = &m; w->o = o;
-        runstate_alloc(&w->state, &m, &none, T, T);
-        runstate_enable_backward(&w->state, &m);
-        w->dparams = xmalloc(m.n_params * sizeof(float));
-        w->dlogits = xmalloc((size_t)T * V * sizeof(float));
-        w->text = xmalloc(T + 1);
-        w->weight = xmalloc(T * sizeof(float));
-        w->tokens = xmalloc(T * sizeof(int));
-        w->token_weight = xmalloc(T * sizeof(float));
-    }
+    workers_alloc(workers, &m, o);
     float *adam_m = xmalloc(m.n_params * sizeof(float)), *adam_v = xmalloc(m.n_params * sizeof(float));
     double t0 = now_seconds(), smooth = 0, tokens_seen = 0;
     for (int step = 0; step < o->steps; step++) {
-        float progress = (float)step / o->steps;
         /* copy curriculum: many "Repeat:" samples early, fewer later */
-        float p_copy = o->p_copy_start + (o->p_copy_end - o->p_copy_start) * progress;
-        pthread_t threads[N_WORKERS];
-        for (int k = 0; k < N_WORKERS; k++) {
-            Worker *w = &workers[k];
-            w->step = step; w->p_copy = p_copy;
-            w->first = k * o->batch / N_WORKERS;
-            w->count = (k + 1) * o->batch / N_WORKERS - w->first;
-            pthread_create(&threads[k], NULL, worker_run, w);
-        }
-        for (int k = 0; k < N_WORKERS; k++) pthread_join(threads[k], NULL);
-        /* sum in a fixed order, normalise by the step's total weight, clip at 1.0 */
-        double loss = 0, weight_sum = 0, norm = 0;
-        for (int k = 0; k < N_WORKERS; k++) { loss += workers[k].loss; weight_sum += workers[k].weight_sum; }
-        float *g = workers[0].dparams;
-        for (int k = 1; k < N_WORKERS; k++)
-            for (size_t i = 0; i < m.n_params; i++) g[i] += workers[k].dparams[i];
-        for (size_t i = 0; i < m.n_params; i++) { g[i] /= (float)weight_sum; norm += (double)g[i] * g[i]; }
-        norm = sqrt(norm);
-        float clip = norm > 1.0 ? (float)(1.0 / norm) : 1.0f;
-        /* lr: warmup over 2% of the steps, then cosine decay to a tenth */
-        int warmup = o->steps / 50 + 1;
-        float lr = step < warmup ? o->lr * (step + 1) / warmup
-                 : o->lr * (0.1f + 0.45f * (1.0f + cosf(3.14159265f * (step - warmup) / (o->steps - warmup))));
+        float p_copy = o->p_copy_start + (o->p_copy_end - o->p_copy_start) * ((float)step / o->steps);
+        run_workers(workers, step, p_copy, o->batch);
+        double loss, norm = combine_gradients(workers, m.n_params, &loss);
+        float lr = pretrain_lr(o, step);
         /* Adam (no weight decay), beta2 0.95 as is usual for pretraining */
-        for (size_t i = 0; i < m.n_params; i++) g[i] *= clip;
-        adamw_update(m.params, g, adam_m, adam_v, m.n_params, step + 1, lr, 0.0f, 0.95f);
-        loss /= weight_sum;
+        adamw_update(m.params, workers[0].dparams, adam_m, adam_v, m.n_params, step + 1, lr, 0.0f, 0.95f);
         if (!isfinite(loss) || !isfinite(norm)) {  /* a NaN norm would pass the clipping unseen */
             fprintf(stderr, "\nerror: pretraining diverged at step %d (loss %g, gradient norm %g); lower --lr (%g)\n",
                     step + 1, loss, norm, o->lr);
@@ -303,17 +340,8 @@ static int pretrain(const Options *o) {
     }
     fprintf(stderr, "\npretraining took %.1f minutes\n", (now_seconds() - t0) / 60);
     model_refresh(&m);
-    snprintf(path, sizeof path, "%s/model.bin", o->out_dir);
-    int rc = model_save(&m, path);
-    snprintf(path, sizeof path, "%s/tokenizer.bin", o->out_dir);
-    if (rc == 0) rc = write_tokenizer(path);
-    if (rc == 0) rc = write_demo(o->out_dir, o);
-    if (rc == 0) fprintf(stderr, "wrote %s/{model.bin,tokenizer.bin,doc.txt,prompts.txt}\n", o->out_dir);
-    for (int k = 0; k < N_WORKERS; k++) {
-        runstate_free(&workers[k].state);
-        free(workers[k].dparams); free(workers[k].dlogits); free(workers[k].text);
-        free(workers[k].weight); free(workers[k].tokens); free(workers[k].token_weight);
-    }
+    int rc = write_outputs(o, &m);
+    workers_free(workers);
     free(adam_m); free(adam_v);
     model_free(&m);
     return rc;
@@ -332,8 +360,7 @@ static int score_answer(const Model *m, RunState *s, const char *doc, int doc_le
     float *answer = xmalloc((doc_len + len + 3) * sizeof(float)), *flags = xmalloc(len * sizeof(float));
     for (int i = 0; i < len; i++) flags[i] = i >= answer_start;
     int n = to_tokens(doc, doc_len, task, len, NULL, flags, tokens, answer) - 1;
-    Document none = {DOC_EXACT, 0, NULL, NULL};
-    if (forward(m, s, &none, tokens, n, 0, LOGITS_ALL) != 0) all = -1;
+    if (forward(m, s, &NO_DOCUMENT, tokens, n, 0, LOGITS_ALL) != 0) all = -1;
     for (int t = 0; t < n && all >= 0; t++) {
         /* answer bytes only: the inserted spaces carry CORPUS_PROMPT_WEIGHT */
         if (answer[t] != 1.0f) continue;
@@ -360,9 +387,8 @@ static int evaluate_reading(const Options *o) {
         model_free(&m);
         return -1;
     }
-    Document none = {DOC_EXACT, 0, NULL, NULL};
     RunState s;
-    runstate_alloc(&s, &m, &none, T, T);
+    runstate_alloc(&s, &m, &NO_DOCUMENT, T, T);
     static const char *kinds[3] = {"quote", "continue", "question"};
     long correct[3][2] = {{0}}, total[3][2] = {{0}}, exact[3][2] = {{0}}, tasks[3] = {0};
     char doc[512], task[256], text[1024];

@@ -2,15 +2,19 @@
  *
  *   ./train -m model.bin -z tokenizer.bin -d doc.txt -o doc.nectar --arch mlp --rho 0.1
  *
- * 1. self-study prompts: document spans to quote, continuations the
+ * main reads as its steps:
+ * 1. the model, the tokenizer and the document's KV cache;
+ * 2. self-study prompts: document spans to quote, continuations the
  *    full-cache model samples after a span, and prompts from a file;
- *    a seeded 80/20 split into train and held-out, and a challenge subset;
- * 2. teacher pass: the full-cache model runs every prompt after the document
+ *    a seeded 80/20 split into train and held-out;
+ * 3. teacher pass: the full-cache model runs every prompt after the document
  *    and records, per position, layer and query head, q, alpha(q) and A(q);
- * 3. fitting: per (layer, KV head) module, AdamW with warmup and cosine
- *    decay, global gradient clipping at 1.0 (on the GPU with --gpu, in a
- *    build with nvcc, each layer's modules batched);
- * 4. the module file (with the held-out prompts) and the metrics.
+ *    the challenge subset of the held-out prompts;
+ * 4. the modules within the budget, initialised;
+ * 5. fitting: per (layer, KV head) module, AdamW with warmup and cosine
+ *    decay, global gradient clipping at 1.0, on the CPU or (--gpu, in a
+ *    build with nvcc) the GPU, each layer's modules batched;
+ * 6. the metrics on the held-out prompts and the module file (with them).
  */
 #include "nectar.h"
 #ifdef NECTAR_CUDA
@@ -25,6 +29,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
+/* ------------------------------------------------------------------------ */
+/* Options                                                                  */
+
 typedef struct {
     const char *model_path, *tok_path, *doc_text_path, *doc_ids_path, *out_path;
     const char *prompts_text_path, *prompts_ids_path, *checkpoint_path, *resume_path;
@@ -32,6 +39,7 @@ typedef struct {
     float rho, lr, weight_decay, warmup_fraction, lambda_alpha, lambda_A, lambda_kl;
     int steps, batch, kl_prompts, n_prompts, prompt_len, answer_len, checkpoint_every, stop_after, json, gpu;
     int depth_backbone, depth_score, depth_target;
+    int loss_preset;  /* 0 regression, 1 mixed, 2 kl */
     const char *groups;
     unsigned long long seed;
 } Options;
@@ -75,98 +83,91 @@ static const char VALUE_OPTIONS[] = " -m -z -d -D -o --prompts --prompt-ids --ch
     "--rho --lr --wd --warmup --lambda-alpha --lambda-A --lambda-kl --kl-prompts --loss --steps --batch --n-prompts "
     "--prompt-len --answer-len --checkpoint-every --stop-after -s ";
 
-static int parse_options(int argc, char **argv, Options *o) {
-    *o = (Options){.arch = ARCH_MLP, .rho = 0.1f, .lr = 1e-2f, .warmup_fraction = 0.05f,
-                   .lambda_alpha = NAN, .lambda_A = NAN, .lambda_kl = NAN, .kl_prompts = 2, .answer_len = 16,
-                   .steps = 6000, .batch = 64, .n_prompts = 200,
-                   .prompt_len = 48, .depth_backbone = 1, .depth_score = 1, .depth_target = 1, .groups = "",
-                   .seed = 1234};
-    int preset = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
-        if (!strcmp(a, "--json")) { o->json = 1; continue; }
-        if (!strcmp(a, "--gpu")) { o->gpu = 1; continue; }
-        if (i + 1 >= argc) { report_last_option(a, VALUE_OPTIONS); return -1; }
-        const char *v = argv[++i];
-        int bad = 0;
-        if (!strcmp(a, "-m")) o->model_path = v;
-        else if (!strcmp(a, "-z")) o->tok_path = v;
-        else if (!strcmp(a, "-d")) o->doc_text_path = v;
-        else if (!strcmp(a, "-D")) o->doc_ids_path = v;
-        else if (!strcmp(a, "-o")) o->out_path = v;
-        else if (!strcmp(a, "--prompts")) o->prompts_text_path = v;
-        else if (!strcmp(a, "--prompt-ids")) o->prompts_ids_path = v;
-        else if (!strcmp(a, "--checkpoint")) o->checkpoint_path = v;
-        else if (!strcmp(a, "--resume")) o->resume_path = v;
-        else if (!strcmp(a, "--groups")) o->groups = v;
-        else if (!strcmp(a, "--arch")) {
-            if (!strcmp(v, "mlp")) o->arch = ARCH_MLP;
-            else if (!strcmp(v, "quad")) o->arch = ARCH_QUAD;
-            else { fprintf(stderr, "error: --arch must be mlp or quad, not '%s'\n", v); return -1; }
-        } else if (!strcmp(a, "--depths")) {
-            int used = 0;
-            if (sscanf(v, "%d,%d,%d%n", &o->depth_backbone, &o->depth_score, &o->depth_target, &used) != 3 ||
-                v[used]) {
-                fprintf(stderr, "error: --depths expects three integers B,S,T, got '%s'\n", v);
-                return -1;
-            }
+/* The options with a word for a value: --arch, --depths, --loss. 1 if a is
+ * one of them, -1 after a sentence when its value is not one they take. */
+static int parse_word_option(const char *a, const char *v, Options *o) {
+    if (!strcmp(a, "--arch")) {
+        if (!strcmp(v, "mlp")) o->arch = ARCH_MLP;
+        else if (!strcmp(v, "quad")) o->arch = ARCH_QUAD;
+        else { fprintf(stderr, "error: --arch must be mlp or quad, not '%s'\n", v); return -1; }
+    } else if (!strcmp(a, "--depths")) {
+        int used = 0;
+        if (sscanf(v, "%d,%d,%d%n", &o->depth_backbone, &o->depth_score, &o->depth_target, &used) != 3 || v[used]) {
+            fprintf(stderr, "error: --depths expects three integers B,S,T, got '%s'\n", v);
+            return -1;
         }
-        else if (!strcmp(a, "--rho")) bad = parse_float_option(a, v, &o->rho);
-        else if (!strcmp(a, "--lr")) bad = parse_float_option(a, v, &o->lr);
-        else if (!strcmp(a, "--wd")) bad = parse_float_option(a, v, &o->weight_decay);
-        else if (!strcmp(a, "--warmup")) bad = parse_float_option(a, v, &o->warmup_fraction);
-        else if (!strcmp(a, "--lambda-alpha")) bad = parse_float_option(a, v, &o->lambda_alpha);
-        else if (!strcmp(a, "--lambda-A")) bad = parse_float_option(a, v, &o->lambda_A);
-        else if (!strcmp(a, "--lambda-kl")) bad = parse_float_option(a, v, &o->lambda_kl);
-        else if (!strcmp(a, "--kl-prompts")) bad = parse_int_option(a, v, &o->kl_prompts);
-        else if (!strcmp(a, "--loss")) {
-            if (!strcmp(v, "regression")) preset = 0;
-            else if (!strcmp(v, "mixed")) preset = 1;
-            else if (!strcmp(v, "kl")) preset = 2;
-            else { fprintf(stderr, "error: --loss must be regression, mixed or kl, not '%s'\n", v); return -1; }
-        }
-        else if (!strcmp(a, "--steps")) bad = parse_int_option(a, v, &o->steps);
-        else if (!strcmp(a, "--batch")) bad = parse_int_option(a, v, &o->batch);
-        else if (!strcmp(a, "--n-prompts")) bad = parse_int_option(a, v, &o->n_prompts);
-        else if (!strcmp(a, "--prompt-len")) bad = parse_int_option(a, v, &o->prompt_len);
-        else if (!strcmp(a, "--answer-len")) bad = parse_int_option(a, v, &o->answer_len);
-        else if (!strcmp(a, "--checkpoint-every")) bad = parse_int_option(a, v, &o->checkpoint_every);
-        else if (!strcmp(a, "--stop-after")) bad = parse_int_option(a, v, &o->stop_after);
-        else if (!strcmp(a, "-s")) bad = parse_seed_option(a, v, &o->seed);
-        else { fprintf(stderr, "error: unknown option '%s' (see --help)\n", a); return -1; }
-        if (bad) return -1;
-    }
-    /* loss presets (GUIDE): regression MLP (0.1, 1, 0), quadrature (0, 1, 0);
-     * mixed adds 0.01 KL; pure KL (0, 0, 1). Explicit weights win. */
+    } else if (!strcmp(a, "--loss")) {
+        if (!strcmp(v, "regression")) o->loss_preset = 0;
+        else if (!strcmp(v, "mixed")) o->loss_preset = 1;
+        else if (!strcmp(v, "kl")) o->loss_preset = 2;
+        else { fprintf(stderr, "error: --loss must be regression, mixed or kl, not '%s'\n", v); return -1; }
+    } else return 0;
+    return 1;
+}
+
+/* The option a with value v into o: 0, or -1 after a sentence. */
+static int parse_value_option(const char *a, const char *v, Options *o) {
+    int word = parse_word_option(a, v, o);
+    if (word) return word < 0 ? -1 : 0;
+    const char **paths[] = {&o->model_path, &o->tok_path, &o->doc_text_path, &o->doc_ids_path, &o->out_path,
+                            &o->prompts_text_path, &o->prompts_ids_path, &o->checkpoint_path, &o->resume_path,
+                            &o->groups};
+    static const char *path_names[] = {"-m", "-z", "-d", "-D", "-o", "--prompts", "--prompt-ids", "--checkpoint",
+                                       "--resume", "--groups"};
+    for (int k = 0; k < 10; k++)
+        if (!strcmp(a, path_names[k])) { *paths[k] = v; return 0; }
+    float *floats[] = {&o->rho, &o->lr, &o->weight_decay, &o->warmup_fraction, &o->lambda_alpha, &o->lambda_A,
+                       &o->lambda_kl};
+    static const char *float_names[] = {"--rho", "--lr", "--wd", "--warmup", "--lambda-alpha", "--lambda-A",
+                                        "--lambda-kl"};
+    for (int k = 0; k < 7; k++)
+        if (!strcmp(a, float_names[k])) return parse_float_option(a, v, floats[k]);
+    int *ints[] = {&o->kl_prompts, &o->steps, &o->batch, &o->n_prompts, &o->prompt_len, &o->answer_len,
+                   &o->checkpoint_every, &o->stop_after};
+    static const char *int_names[] = {"--kl-prompts", "--steps", "--batch", "--n-prompts", "--prompt-len",
+                                      "--answer-len", "--checkpoint-every", "--stop-after"};
+    for (int k = 0; k < 8; k++)
+        if (!strcmp(a, int_names[k])) return parse_int_option(a, v, ints[k]);
+    if (!strcmp(a, "-s")) return parse_seed_option(a, v, &o->seed);
+    fprintf(stderr, "error: unknown option '%s' (see --help)\n", a);
+    return -1;
+}
+
+/* The loss presets: regression MLP (0.1, 1, 0), quadrature (0, 1, 0); mixed
+ * adds 0.01 KL; pure KL (0, 0, 1). Explicit weights win (a weight not given
+ * is NaN, which parsing never yields). Then the ranges: NULL or the sentence. */
+static const char *finish_options(Options *o) {
+    int preset = o->loss_preset;
     float preset_alpha = preset == 2 ? 0.0f : o->arch == ARCH_MLP ? 0.1f : 0.0f;
-    if (isnan(o->lambda_alpha)) o->lambda_alpha = preset_alpha;  /* not given (parsing refuses nan) */
+    if (isnan(o->lambda_alpha)) o->lambda_alpha = preset_alpha;
     if (isnan(o->lambda_A)) o->lambda_A = preset == 2 ? 0.0f : 1.0f;
     if (isnan(o->lambda_kl)) o->lambda_kl = preset == 0 ? 0.0f : preset == 1 ? 0.01f : 1.0f;
-    const char *why = NULL;
-    if (!o->model_path) why = "a model is required (-m); see --help";
-    else if (!o->out_path) why = "an output file is required (-o OUT.nectar)";
-    else if (!o->doc_text_path == !o->doc_ids_path) why = "give the document as -d DOC.txt or -D DOC.ids (one of them)";
-    else if (!(o->rho > 0 && o->rho <= 100)) why = "--rho must be in (0, 100]";
-    else if (!depths_valid(o->depth_backbone, o->depth_score, o->depth_target) ||
-             o->depth_backbone + o->depth_score + o->depth_target < 1)
-        why = "--depths B,S,T must be >= 0 with 1 <= B+S+T <= 64";
-    else if (o->steps < 0 || o->batch < 1 || o->n_prompts < 0 || o->prompt_len < 2 ||
-             o->answer_len < 0 || o->stop_after < 0 || o->checkpoint_every < 0)
-        why = "need --steps >= 0 (0: evaluate the initial modules), --batch >= 1, --n-prompts >= 0, "
-              "--prompt-len >= 2, --answer-len >= 0, --stop-after >= 0 and --checkpoint-every >= 0";
-    else if (!(o->lr > 0) || o->weight_decay < 0 || o->warmup_fraction < 0 || o->warmup_fraction >= 1)
-        why = "need --lr > 0, --wd >= 0 and --warmup in [0, 1)";
-    else if (o->lambda_alpha < 0 || o->lambda_A < 0 || o->lambda_kl < 0 || o->lambda_alpha + o->lambda_A + o->lambda_kl == 0)
-        why = "the loss weights must be >= 0 and not all 0";
-    else if (o->kl_prompts < 1 || o->kl_prompts > 64) why = "--kl-prompts must be in 1..64";
-    else if (o->stop_after > 0 && !o->checkpoint_path) why = "--stop-after needs --checkpoint, or the fit is lost";
+    if (!o->model_path) return "a model is required (-m); see --help";
+    if (!o->out_path) return "an output file is required (-o OUT.nectar)";
+    if (!o->doc_text_path == !o->doc_ids_path) return "give the document as -d DOC.txt or -D DOC.ids (one of them)";
+    if (!(o->rho > 0 && o->rho <= 100)) return "--rho must be in (0, 100]";
+    if (!depths_valid(o->depth_backbone, o->depth_score, o->depth_target) ||
+        o->depth_backbone + o->depth_score + o->depth_target < 1)
+        return "--depths B,S,T must be >= 0 with 1 <= B+S+T <= 64";
+    if (o->steps < 0 || o->batch < 1 || o->n_prompts < 0 || o->prompt_len < 2 ||
+        o->answer_len < 0 || o->stop_after < 0 || o->checkpoint_every < 0)
+        return "need --steps >= 0 (0: evaluate the initial modules), --batch >= 1, --n-prompts >= 0, "
+               "--prompt-len >= 2, --answer-len >= 0, --stop-after >= 0 and --checkpoint-every >= 0";
+    if (!(o->lr > 0) || o->weight_decay < 0 || o->warmup_fraction < 0 || o->warmup_fraction >= 1)
+        return "need --lr > 0, --wd >= 0 and --warmup in [0, 1)";
+    if (o->lambda_alpha < 0 || o->lambda_A < 0 || o->lambda_kl < 0 || o->lambda_alpha + o->lambda_A + o->lambda_kl == 0)
+        return "the loss weights must be >= 0 and not all 0";
+    if (o->kl_prompts < 1 || o->kl_prompts > 64) return "--kl-prompts must be in 1..64";
+    if (o->stop_after > 0 && !o->checkpoint_path) return "--stop-after needs --checkpoint, or the fit is lost";
 #ifndef NECTAR_CUDA
-    else if (o->gpu) why = NO_GPU_SUPPORT;
+    if (o->gpu) return NO_GPU_SUPPORT;
 #endif
-    if (why) { fprintf(stderr, "error: %s\n", why); return -1; }
     if (o->checkpoint_every <= 0) o->checkpoint_every = o->steps / 4 > 0 ? o->steps / 4 : 1;
-    /* find out now, not after the fitting, that the output cannot be written */
+    return NULL;
+}
+
+/* Finds out now, not after the fitting, that an output cannot be written. */
+static int check_outputs(const Options *o) {
     const char *outputs[2] = {o->out_path, o->checkpoint_path};
     for (int k = 0; k < 2 && outputs[k]; k++) {
         struct stat st;
@@ -182,6 +183,91 @@ static int parse_options(int argc, char **argv, Options *o) {
         remove(probe);
     }
     return 0;
+}
+
+static int parse_options(int argc, char **argv, Options *o) {
+    *o = (Options){.arch = ARCH_MLP, .rho = 0.1f, .lr = 1e-2f, .warmup_fraction = 0.05f,
+                   .lambda_alpha = NAN, .lambda_A = NAN, .lambda_kl = NAN, .kl_prompts = 2, .answer_len = 16,
+                   .steps = 6000, .batch = 64, .n_prompts = 200,
+                   .prompt_len = 48, .depth_backbone = 1, .depth_score = 1, .depth_target = 1, .groups = "",
+                   .seed = 1234};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
+        if (!strcmp(a, "--json")) { o->json = 1; continue; }
+        if (!strcmp(a, "--gpu")) { o->gpu = 1; continue; }
+        if (i + 1 >= argc) { report_last_option(a, VALUE_OPTIONS); return -1; }
+        if (parse_value_option(a, argv[++i], o) != 0) return -1;
+    }
+    const char *why = finish_options(o);
+    if (why) { fprintf(stderr, "error: %s\n", why); return -1; }
+    return check_outputs(o);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The model, the tokenizer and the document                                */
+
+typedef struct {
+    Model model;
+    Tokenizer tok, *tokp;  /* tokp: &tok when -z was given, else NULL */
+    int n_doc, *doc_ids;   /* (n_doc) the document's token ids */
+    DocCache cache;
+    Document doc;          /* the exact document: its KV cache */
+} Inputs;
+
+/* The document's token ids: from an id file, or its text encoded with BOS
+ * first (at most seq_len tokens). */
+static int read_document(const Options *o, Inputs *in) {
+    const Config *c = &in->model.config;
+    if (o->doc_ids_path) {
+        in->n_doc = read_token_ids(o->doc_ids_path, &in->doc_ids);
+        return in->n_doc < 0 ? -1 : 0;
+    }
+    if (!in->tokp) { fprintf(stderr, "error: a text document needs a tokenizer (-z)\n"); return -1; }
+    char *text = read_text_file(o->doc_text_path);
+    if (!text) return -1;
+    in->doc_ids = xmalloc((size_t)c->seq_len * sizeof(int));  /* (seq_len): a longer document is refused */
+    in->n_doc = tokenizer_encode(in->tokp, text, 1, 0, in->doc_ids, c->seq_len);
+    free(text);
+    return in->n_doc < 0 ? -1 : 0;
+}
+
+static int load_inputs(const Options *o, Inputs *in) {
+    memset(in, 0, sizeof(*in));
+    if (model_load(&in->model, o->model_path) != 0) return -1;
+    const Config *c = &in->model.config;
+    if (o->batch > INT_MAX / c->n_heads) {  /* a step's module queries, batch x n_heads, are counted in int */
+        fprintf(stderr, "error: --batch %d is too large for a model of %d heads; keep it below %d\n",
+                o->batch, c->n_heads, INT_MAX / c->n_heads);
+        return -1;
+    }
+    if (o->tok_path) {
+        if (tokenizer_load(&in->tok, o->tok_path, c->vocab_size) != 0) return -1;
+        in->tokp = &in->tok;
+    }
+    if (o->prompts_text_path && !in->tokp) {
+        fprintf(stderr, "error: --prompts needs a tokenizer (-z); use --prompt-ids for token ids\n");
+        return -1;
+    }
+    if (read_document(o, in) != 0) return -1;
+    if (in->n_doc < 2) { fprintf(stderr, "error: the document needs at least 2 tokens\n"); return -1; }
+    if (check_tokens(&in->model, in->doc_ids, in->n_doc, "document") != 0) return -1;
+    int prompt_cap = o->prompt_len < in->n_doc ? o->prompt_len : in->n_doc;
+    if (in->n_doc + prompt_cap > c->seq_len) {
+        fprintf(stderr, "error: document (%d tokens) plus prompts (up to %d) exceed the model's context of %d; "
+                "shorten the document or --prompt-len\n", in->n_doc, prompt_cap, c->seq_len);
+        return -1;
+    }
+    if (doccache_build(&in->cache, &in->model, in->doc_ids, in->n_doc, 256) != 0) return -1;
+    in->doc = (Document){DOC_EXACT, in->n_doc, &in->cache, NULL};
+    return 0;
+}
+
+static void inputs_free(Inputs *in) {
+    doccache_free(&in->cache);
+    free(in->doc_ids);
+    if (in->tokp) tokenizer_free(in->tokp);
+    model_free(&in->model);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -247,11 +333,7 @@ static void make_prompts(const Options *o, const Model *m, const Document *doc, 
             continue_span(m, doc, buf, half, len - half, &sampler, buf + half);
             add_prompt(b, buf, len);
         }
-        if (i % 20 == 19 || i + 1 == o->n_prompts) {
-            double el = now_seconds() - t0;
-            fprintf(stderr, "\rprompts %d/%d  %.1fs  ETA %.0fs   ", i + 1, o->n_prompts, el,
-                    el / (i + 1) * (o->n_prompts - i - 1));
-        }
+        if (i % 20 == 19 || i + 1 == o->n_prompts) print_progress("prompts", i + 1, o->n_prompts, t0);
     }
     if (o->n_prompts) fprintf(stderr, "\n");
     sampler_free(&sampler);
@@ -307,6 +389,45 @@ static int read_user_prompts(const char *path, const Tokenizer *tok, const Model
     fprintf(stderr, "read %d prompts from %s, each followed by up to %d tokens of the model's own answer\n",
             count, path, answer_len);
     return 0;
+}
+
+/* Every prompt: self-study, then the user's (their answers sampled by the
+ * full-cache model). */
+static int make_prompt_set(const Options *o, const Inputs *in, PromptBuilder *b) {
+    const Config *c = &in->model.config;
+    int prompt_cap = o->prompt_len < in->n_doc ? o->prompt_len : in->n_doc;
+    make_prompts(o, &in->model, &in->doc, in->doc_ids, in->n_doc, b);
+    Sampler answer_sampler;
+    sampler_init(&answer_sampler, c->vocab_size, 0.8f, 0.95f, o->seed + 2);
+    int rc = 0;
+    if (o->prompts_text_path)
+        rc = read_user_prompts(o->prompts_text_path, in->tokp, &in->model, &in->doc, prompt_cap, o->answer_len,
+                               &answer_sampler, b);
+    if (rc == 0 && o->prompts_ids_path)
+        rc = read_user_prompts(o->prompts_ids_path, NULL, &in->model, &in->doc, prompt_cap, o->answer_len,
+                               &answer_sampler, b);
+    sampler_free(&answer_sampler);
+    if (rc == 0 && b->set.n_prompts < 5) {
+        fprintf(stderr, "error: %d prompts are too few for a train/held-out split (need 5)\n", b->set.n_prompts);
+        rc = -1;
+    }
+    return rc;
+}
+
+/* A seeded 80/20 split: is_train (n) marks the training prompts. */
+static unsigned char *split_prompts(int n, unsigned long long seed) {
+    unsigned char *is_train = xmalloc(n);
+    int *order = xmalloc(n * sizeof(int));
+    uint64_t split_rng = seed * 0x9E3779B97F4A7C15ULL + 3;
+    for (int i = 0; i < n; i++) order[i] = i;
+    for (int i = n - 1; i > 0; i--) {  /* Fisher-Yates */
+        int j = rng_u32(&split_rng) % (i + 1), t = order[i];
+        order[i] = order[j]; order[j] = t;
+    }
+    int n_train = (int)(0.8 * n);
+    for (int i = 0; i < n; i++) is_train[order[i]] = i < n_train;
+    free(order);
+    return is_train;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -371,11 +492,7 @@ static void teacher_pass(const Model *m, const Document *doc, const PromptSet *p
                 memcpy(td->logits + (size_t)at * c->vocab_size, s.logits, (size_t)len * c->vocab_size * sizeof(float));
             at += len;
         }
-        if (i % 20 == 19 || i + 1 == p->n_prompts) {
-            double el = now_seconds() - t0;
-            fprintf(stderr, "\rteacher %d/%d  %.1fs  ETA %.0fs   ", i + 1, p->n_prompts, el,
-                    el / (i + 1) * (p->n_prompts - i - 1));
-        }
+        if (i % 20 == 19 || i + 1 == p->n_prompts) print_progress("teacher", i + 1, p->n_prompts, t0);
     }
     fprintf(stderr, "\n");
     runstate_free(&s);
@@ -485,6 +602,50 @@ static int layer_multipliers(const char *spec, int L, float *mult) {
     return 0;
 }
 
+/* The module set within the budget: rho * 2 n d parameters per (layer, KV
+ * head), times the layer's multiplier. Prints the budget table. */
+static int make_modules(const Options *o, const Inputs *in, ModuleSet *ms) {
+    const Config *c = &in->model.config;
+    int L = c->n_layers, G = c->n_kv_heads, d = c->dim / c->n_heads, n_doc = in->n_doc;
+    float *mult = xmalloc(L * sizeof(float));
+    int *sizes = xmalloc(L * sizeof(int)), rc = -1;
+    if (layer_multipliers(o->groups, L, mult) != 0) goto done;
+    for (int l = 0; l < L; l++) {
+        double budget = o->rho * mult[l] * 2.0 * n_doc * d;
+        sizes[l] = o->arch == ARCH_MLP
+            ? mlp_width_for_budget(d, budget_floor(budget), o->depth_backbone, o->depth_score, o->depth_target)
+            : (int)budget_floor((double)o->rho * mult[l] * n_doc);  /* p = floor(rho n): 2 p d parameters */
+        if (o->arch == ARCH_QUAD && sizes[l] > n_doc) {
+            fprintf(stderr, "error: layer %d would get %d quadrature pairs, more than the %d cached pairs they start "
+                    "from; keep rho x multiplier <= 1\n", l, sizes[l], n_doc);
+            goto done;
+        }
+    }
+    if (moduleset_alloc(ms, o->arch, L, G, d, o->depth_backbone, o->depth_score, o->depth_target, sizes, 1) != 0) {
+        fprintf(stderr, "error: raise --rho (the document has %d tokens) or lower the depths\n", n_doc);
+        goto done;
+    }
+    ms->n_doc = n_doc; ms->rho = o->rho;
+    ms->model_fingerprint = in->model.fingerprint; ms->doc_fingerprint = in->cache.fingerprint;
+    long kv_entries = 2L * n_doc * d * L * G;
+    FILE *info = o->json ? stderr : stdout;
+    fprintf(info, "budget: %s, rho %.3g, document %d tokens, %d layers x %d KV heads, head size %d\n",
+            o->arch == ARCH_MLP ? "MLP" : "quadrature", o->rho, n_doc, L, G, d);
+    fprintf(info, "  %-6s %6s %8s %12s %12s %8s\n", "layer", "mult", o->arch == ARCH_MLP ? "width" : "pairs",
+            "params/mod", "KV entries", "rho");
+    for (int l = 0; l < L; l++) {
+        size_t np = ms->modules[l * G].n_params;
+        fprintf(info, "  %-6d %6.2f %8d %12zu %12ld %8.4f\n", l, mult[l], sizes[l], np, 2L * n_doc * d,
+                np / (2.0 * n_doc * d));
+    }
+    fprintf(info, "  total %zu params for %ld KV entries: rho %.4f\n", ms->n_params, kv_entries,
+            (double)ms->n_params / kv_entries);
+    rc = 0;
+done:
+    free(mult); free(sizes);
+    return rc;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Optimisation                                                             */
 
@@ -510,88 +671,6 @@ static double kl_term(const float *teacher_logits, const float *student_logits, 
     for (size_t j = 0; j < (size_t)len * V; j++) dlogits[j] *= weight;
     return kl;
 }
-
-#ifdef NECTAR_CUDA
-/* The fit on the GPU: device copies of the modules (with gradients), of
- * their Adam moments, of the targets and of the model, a batch, and the
- * student of the KL term (the Nectar model on the device modules). */
-typedef struct {
-    ModuleSet ms;
-    float *m, *v;        /* (n_params) */
-    FitTargets targets;
-    ModuleWork work;
-    FitBatch batch;
-    Model model;
-    int with_kl;         /* the student below is there */
-    Document student_doc;
-    RunStateCuda student;
-} GpuFit;
-
-static void gpu_fit_start(GpuFit *g, const Model *model, const ModuleSet *ms, const Adam *adam, const FitTargets *t,
-                          int B, int max_len, int with_kl) {
-    const Config *c = &model->config;
-    size_t bytes = ms->n_params * sizeof(float);
-    moduleset_upload_cuda(&g->ms, ms, 1);
-    g->m = cuda_xmalloc(bytes);
-    g->v = cuda_xmalloc(bytes);
-    CUDA_CHECK(cudaMemcpy(g->m, adam->m, bytes, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(g->v, adam->v, bytes, cudaMemcpyHostToDevice));
-    fittargets_upload_cuda(&g->targets, t, c->n_layers, c->dim, c->n_heads);
-    modulework_alloc_cuda(&g->work, ms, B * c->n_heads);  /* a layer's G modules, B H / G queries each */
-    fitbatch_alloc_cuda(&g->batch, ms, c->n_heads, B);
-    model_upload_cuda(&g->model, model);
-    g->student_doc = (Document){DOC_NECTAR, ms->n_doc, NULL, &g->ms};
-    g->with_kl = with_kl;
-    if (with_kl) {
-        runstate_alloc_cuda(&g->student, &g->model, &g->student_doc, max_len, max_len);
-        runstate_enable_backward_cuda(&g->student, &g->model);
-    }
-}
-
-/* Zeroes the gradients, then adds the regression loss's at the positions
- * `pos` (B), if it has a weight; returns the loss. */
-static double gpu_fit_regression(GpuFit *g, const long *pos, const Options *o, int H) {
-    CUDA_CHECK(cudaMemset(g->ms.grads, 0, g->ms.n_params * sizeof(float)));
-    if (o->lambda_alpha + o->lambda_A == 0) return 0;
-    memcpy(g->batch.pos, pos, g->batch.B * sizeof(long));
-    return regression_grads_cuda(&g->ms, &g->work, &g->batch, &g->targets, H, o->lambda_alpha, o->lambda_A);
-}
-
-/* The KL term of one prompt (see kl_term), its gradient added on the GPU. */
-static double gpu_fit_kl(GpuFit *g, const int *tokens, int len, const float *teacher_logits, float weight,
-                         float *dlogits) {
-    forward_cuda(&g->model, &g->student, &g->student_doc, tokens, len, 0, LOGITS_ALL);
-    double kl = kl_term(teacher_logits, g->student.logits, len, g->model.config.vocab_size, weight, dlogits);
-    backward_cuda(&g->model, &g->student, &g->student_doc, len, dlogits);
-    return kl;
-}
-
-/* Global norm clipping at 1.0 and the AdamW step; returns the norm. */
-static double gpu_fit_update(GpuFit *g, int step, float lr, float wd) {
-    double norm = clip_grad_norm_cuda(g->ms.grads, g->ms.n_params, 1.0);
-    adamw_update_cuda(g->ms.params, g->ms.grads, g->m, g->v, g->ms.n_params, step, lr, wd, ADAM_BETA2);
-    return norm;
-}
-
-/* The parameters and moments back to the host (checkpoints, the end). */
-static void gpu_fit_download(const GpuFit *g, ModuleSet *ms, Adam *adam) {
-    size_t bytes = ms->n_params * sizeof(float);
-    moduleset_download_cuda(ms, &g->ms);
-    CUDA_CHECK(cudaMemcpy(adam->m, g->m, bytes, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(adam->v, g->v, bytes, cudaMemcpyDeviceToHost));
-}
-
-static void gpu_fit_free(GpuFit *g) {
-    CUDA_CHECK(cudaFree(g->m)); CUDA_CHECK(cudaFree(g->v));
-    if (g->with_kl) runstate_free_cuda(&g->student);
-    model_free_cuda(&g->model);
-    fitbatch_free_cuda(&g->batch);
-    modulework_free_cuda(&g->work);
-    fittargets_free_cuda(&g->targets);
-    moduleset_free_cuda(&g->ms);
-    nectar_cuda_free();
-}
-#endif
 
 /* Checkpoint: header, then params, Adam m and v. */
 enum { CKPT_MAGIC = 0x4B43544E /* "NTCK" */, CKPT_VERSION = 1 };
@@ -625,248 +704,351 @@ static int load_checkpoint(const char *path, ModuleSet *s, Adam *adam, uint64_t 
     return 0;
 }
 
+#ifdef NECTAR_CUDA
+/* The fit on the GPU: device copies of the modules (with gradients), of
+ * their Adam moments, of the targets and of the model, a batch, and the
+ * student of the KL term (the Nectar model on the device modules). */
+typedef struct {
+    ModuleSet ms;
+    float *m, *v;        /* (n_params) */
+    FitTargets targets;
+    ModuleWork work;
+    FitBatch batch;
+    Model model;
+    Document student_doc;
+    RunStateCuda student;
+} GpuFit;
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Fitting: one loop, on the CPU or the GPU                                 */
+
+/* What the fit works on: the host's modules and their Adam moments, the
+ * teacher's data, and the backend's buffers (the CPU's here; the GPU keeps
+ * device copies, synchronised with the host by its download). */
+typedef struct {
+    const Options *o;
+    const Model *model;
+    ModuleSet *ms;
+    const TeacherData *td;
+    const PromptSet *prompts;
+    Adam adam;
+    float *dlogits;         /* (max_len, V) the KL term's gradient, or NULL without one */
+    ModuleWork work;        /* the CPU's: a module's batch of queries */
+    FitBatch batch;
+    Document student_doc;   /* the KL term's student: the Nectar model, teacher-forced */
+    RunState student;
+#ifdef NECTAR_CUDA
+    GpuFit gpu;
+#endif
+} Fit;
+
+/* A fit step's parts, on one device: the regression gradients at the batch
+ * positions (zeroing the gradients first), one prompt's KL term (gradient
+ * added), clipping and the AdamW step, and the parameters and moments back
+ * on the host (for checkpoints and the end). */
+typedef struct {
+    void   (*start)(Fit *f);
+    double (*regression)(Fit *f, const long *pos);
+    double (*kl)(Fit *f, const int *tokens, int len, const float *teacher_logits, float weight);
+    double (*update)(Fit *f, float lr);
+    void   (*download)(Fit *f);
+    void   (*finish)(Fit *f);
+} FitBackend;
+
+static void cpu_start(Fit *f) {
+    const Config *c = &f->model->config;
+    int max_len = promptset_max_len(f->prompts);
+    modulework_alloc(&f->work, f->ms, f->o->batch * (c->n_heads / c->n_kv_heads));
+    fitbatch_alloc(&f->batch, f->ms, c->n_heads, f->o->batch);
+    f->student_doc = (Document){DOC_NECTAR, f->ms->n_doc, NULL, f->ms};
+    if (f->o->lambda_kl > 0) {
+        runstate_alloc(&f->student, f->model, &f->student_doc, max_len, max_len);
+        runstate_enable_backward(&f->student, f->model);
+    }
+}
+
+static double cpu_regression(Fit *f, const long *pos) {
+    const Options *o = f->o;
+    memset(f->ms->grads, 0, f->ms->n_params * sizeof(float));
+    if (o->lambda_alpha + o->lambda_A == 0) return 0;
+    memcpy(f->batch.pos, pos, f->batch.B * sizeof(long));
+    return regression_grads(f->ms, &f->work, &f->batch, &f->td->fit, f->model->config.n_heads, o->lambda_alpha,
+                            o->lambda_A);
+}
+
+static double cpu_kl(Fit *f, const int *tokens, int len, const float *teacher_logits, float weight) {
+    forward(f->model, &f->student, &f->student_doc, tokens, len, 0, LOGITS_ALL);
+    double kl = kl_term(teacher_logits, f->student.logits, len, f->model->config.vocab_size, weight, f->dlogits);
+    backward(f->model, &f->student, &f->student_doc, tokens, len, f->dlogits, NULL);
+    return kl;
+}
+
+static double cpu_update(Fit *f, float lr) {
+    ModuleSet *ms = f->ms;
+    double norm = clip_grad_norm(ms->grads, ms->n_params, 1.0);  /* global norm clipping at 1.0 */
+    adamw_update(ms->params, ms->grads, f->adam.m, f->adam.v, ms->n_params, f->adam.step, lr, f->o->weight_decay,
+                 ADAM_BETA2);
+    return norm;
+}
+
+static void cpu_download(Fit *f) { (void)f; }  /* the CPU fits the host's modules in place */
+
+static void cpu_finish(Fit *f) {
+    fitbatch_free(&f->batch);
+    modulework_free(&f->work);
+    if (f->o->lambda_kl > 0) runstate_free(&f->student);
+}
+
+static const FitBackend CPU_FIT = {cpu_start, cpu_regression, cpu_kl, cpu_update, cpu_download, cpu_finish};
+
+#ifdef NECTAR_CUDA
+static void gpu_start(Fit *f) {
+    GpuFit *g = &f->gpu;
+    const Config *c = &f->model->config;
+    int B = f->o->batch, max_len = promptset_max_len(f->prompts);
+    size_t bytes = f->ms->n_params * sizeof(float);
+    moduleset_upload_cuda(&g->ms, f->ms, 1);
+    g->m = cuda_xmalloc(bytes);
+    g->v = cuda_xmalloc(bytes);
+    CUDA_CHECK(cudaMemcpy(g->m, f->adam.m, bytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(g->v, f->adam.v, bytes, cudaMemcpyHostToDevice));
+    fittargets_upload_cuda(&g->targets, &f->td->fit, c->n_layers, c->dim, c->n_heads);
+    modulework_alloc_cuda(&g->work, f->ms, B * c->n_heads);  /* a layer's G modules, B H / G queries each */
+    fitbatch_alloc_cuda(&g->batch, f->ms, c->n_heads, B);
+    model_upload_cuda(&g->model, f->model);
+    g->student_doc = (Document){DOC_NECTAR, f->ms->n_doc, NULL, &g->ms};
+    if (f->o->lambda_kl > 0) {
+        runstate_alloc_cuda(&g->student, &g->model, &g->student_doc, max_len, max_len);
+        runstate_enable_backward_cuda(&g->student, &g->model);
+    }
+}
+
+static double gpu_regression(Fit *f, const long *pos) {
+    GpuFit *g = &f->gpu;
+    const Options *o = f->o;
+    CUDA_CHECK(cudaMemset(g->ms.grads, 0, g->ms.n_params * sizeof(float)));
+    if (o->lambda_alpha + o->lambda_A == 0) return 0;
+    memcpy(g->batch.pos, pos, g->batch.B * sizeof(long));
+    return regression_grads_cuda(&g->ms, &g->work, &g->batch, &g->targets, f->model->config.n_heads,
+                                 o->lambda_alpha, o->lambda_A);
+}
+
+static double gpu_kl(Fit *f, const int *tokens, int len, const float *teacher_logits, float weight) {
+    GpuFit *g = &f->gpu;
+    forward_cuda(&g->model, &g->student, &g->student_doc, tokens, len, 0, LOGITS_ALL);
+    double kl = kl_term(teacher_logits, g->student.logits, len, g->model.config.vocab_size, weight, f->dlogits);
+    backward_cuda(&g->model, &g->student, &g->student_doc, len, f->dlogits);
+    return kl;
+}
+
+static double gpu_update(Fit *f, float lr) {
+    GpuFit *g = &f->gpu;
+    double norm = clip_grad_norm_cuda(g->ms.grads, g->ms.n_params, 1.0);
+    adamw_update_cuda(g->ms.params, g->ms.grads, g->m, g->v, g->ms.n_params, f->adam.step, lr, f->o->weight_decay,
+                      ADAM_BETA2);
+    return norm;
+}
+
+static void gpu_download(Fit *f) {
+    size_t bytes = f->ms->n_params * sizeof(float);
+    moduleset_download_cuda(f->ms, &f->gpu.ms);
+    CUDA_CHECK(cudaMemcpy(f->adam.m, f->gpu.m, bytes, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(f->adam.v, f->gpu.v, bytes, cudaMemcpyDeviceToHost));
+}
+
+static void gpu_finish(Fit *f) {
+    GpuFit *g = &f->gpu;
+    gpu_download(f);
+    CUDA_CHECK(cudaFree(g->m)); CUDA_CHECK(cudaFree(g->v));
+    if (f->o->lambda_kl > 0) runstate_free_cuda(&g->student);
+    model_free_cuda(&g->model);
+    fitbatch_free_cuda(&g->batch);
+    modulework_free_cuda(&g->work);
+    fittargets_free_cuda(&g->targets);
+    moduleset_free_cuda(&g->ms);
+    nectar_cuda_free();
+}
+
+static const FitBackend GPU_FIT = {gpu_start, gpu_regression, gpu_kl, gpu_update, gpu_download, gpu_finish};
+#endif
+
+/* The one place where the fit's device is chosen; NULL after a sentence
+ * when --gpu finds no usable GPU. */
+static const FitBackend *fit_backend(const Options *o) {
+#ifdef NECTAR_CUDA
+    if (o->gpu) return nectar_cuda_init() == 0 ? &GPU_FIT : NULL;
+#endif
+    return &CPU_FIT;
+}
+
+/* The KL term over kl_prompts training prompts drawn from rng, each
+ * weighted by its share of their positions, added into *loss. */
+static void kl_terms(Fit *f, const FitBackend *be, uint64_t *rng, double *loss) {
+    const Options *o = f->o;
+    const TeacherData *td = f->td;
+    const PromptSet *all = f->prompts;
+    int pick[64], positions = 0, V = f->model->config.vocab_size;
+    for (int k = 0; k < o->kl_prompts; k++) {
+        pick[k] = rng_u32(rng) % td->n_train;
+        int i = td->prompt[pick[k]];
+        positions += all->offsets[i + 1] - all->offsets[i];
+    }
+    for (int k = 0; k < o->kl_prompts; k++) {
+        int i = td->prompt[pick[k]], len = all->offsets[i + 1] - all->offsets[i];
+        const float *teacher = td->logits + (size_t)td->start[pick[k]] * V;
+        /* kl_loss averages over this prompt's positions; weigh by its share of all of them */
+        float share = (float)len / positions;
+        double kl = be->kl(f, all->tokens + all->offsets[i], len, teacher, o->lambda_kl * share);
+        *loss += o->lambda_kl * kl * share;
+    }
+}
+
+/* L = lambda_alpha L_alpha + lambda_A L_A over the batch positions +
+ * lambda_kl mean KL(teacher || Nectar) over kl_prompts prompts, minimised
+ * from the Adam step the fit starts at up to last_step. The batches depend
+ * only on (seed, step), so resuming draws the same ones. 0, or -1 after a
+ * sentence (divergence, a checkpoint that cannot be written). */
+static int fit_modules(Fit *f, const FitBackend *be, uint64_t run_hash, int last_step) {
+    const Options *o = f->o;
+    long *pos = xmalloc(o->batch * sizeof(long)), P = f->td->fit.P;
+    double t_fit = now_seconds(), last_print = 0;
+    int first_step = f->adam.step, rc = 0;
+    for (int step = first_step; step < last_step && rc == 0; step++) {
+        uint64_t batch_rng = fnv1a(o->seed, &step, sizeof step) | 1;
+        for (int b = 0; b < o->batch; b++) pos[b] = (long)(rng_u32(&batch_rng) % (uint32_t)P);
+        float lr = learning_rate(o, step);
+        f->adam.step++;
+        double loss = be->regression(f, pos);
+        if (o->lambda_kl > 0) kl_terms(f, be, &batch_rng, &loss);
+        double norm = be->update(f, lr);
+        if (!isfinite(loss) || !isfinite(norm)) {  /* a NaN norm would pass the clipping unseen */
+            fprintf(stderr, "\nerror: training diverged at step %d (loss %g, gradient norm %g); lower --lr (%g), "
+                    "--wd or the loss weights\n", step + 1, loss, norm, o->lr);
+            rc = -1;
+            break;
+        }
+        double now = now_seconds() - t_fit;
+        if (now - last_print > 1.0 || step + 1 == last_step) {
+            last_print = now;
+            fprintf(stderr, "\rstep %d/%d  loss %.5f  lr %.2e  |g| %.3f  %.1fs  ETA %.0fs   ", step + 1, o->steps,
+                    loss, lr, norm, now, now / (step + 1 - first_step) * (last_step - step - 1));
+        }
+        if (o->checkpoint_path && ((step + 1) % o->checkpoint_every == 0 || step + 1 == last_step)) {
+            be->download(f);
+            rc = save_checkpoint(o->checkpoint_path, f->ms, &f->adam, run_hash);
+        }
+    }
+    if (rc == 0) fprintf(stderr, "\n");
+    free(pos);
+    return rc;
+}
+
+/* A hash of everything the fit depends on: a checkpoint of another run is
+ * refused. */
+static uint64_t run_fingerprint(const Options *o, const Inputs *in, const PromptSet *all) {
+    uint64_t h = fnv1a(FNV_OFFSET, &o->arch, sizeof o->arch);
+    float floats[] = {o->rho, o->lr, o->weight_decay, o->warmup_fraction, o->lambda_alpha, o->lambda_A, o->lambda_kl};
+    int ints[] = {o->steps, o->batch, o->kl_prompts, o->n_prompts, o->prompt_len, o->answer_len,
+                  o->depth_backbone, o->depth_score, o->depth_target};
+    h = fnv1a(h, floats, sizeof floats);
+    h = fnv1a(h, ints, sizeof ints);
+    h = fnv1a(h, &o->seed, sizeof o->seed);
+    h = fnv1a(h, o->groups, strlen(o->groups));
+    h = fnv1a(h, &in->model.fingerprint, sizeof(uint64_t));
+    h = fnv1a(h, &in->cache.fingerprint, sizeof(uint64_t));
+    return fnv1a(h, all->tokens, all->offsets[all->n_prompts] * sizeof(int));
+}
+
+/* --resume: the modules and Adam moments of a checkpoint of this run. */
+static int resume(const Options *o, Fit *f, uint64_t run_hash) {
+    if (load_checkpoint(o->resume_path, f->ms, &f->adam, run_hash, o->steps) != 0) return -1;
+    fprintf(stderr, "resumed from %s at step %d\n", o->resume_path, f->adam.step);
+    if (o->stop_after > 0 && o->stop_after <= f->adam.step) {
+        fprintf(stderr, "error: --stop-after %d is not after the checkpoint's step %d\n", o->stop_after, f->adam.step);
+        return -1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Metrics and the module file                                              */
+
+/* The metrics on the held-out prompts, all of them and the challenge split
+ * (evaluate refuses modules whose outputs are not finite), then the module
+ * file with the held-out prompts, then the tables or JSON. */
+static int evaluate_and_save(const Options *o, const Inputs *in, ModuleSet *ms, double fit_seconds, double t_start) {
+    const Config *c = &in->model.config;
+    EvalResult random_split, challenge_split;
+    if (evaluate(&in->model, &in->cache, ms, &ms->heldout, 0, &random_split) != 0) return -1;
+    if (evaluate(&in->model, &in->cache, ms, &ms->heldout, 1, &challenge_split) != 0) return -1;
+    if (moduleset_save(ms, o->out_path) != 0) return -1;
+    long kv_entries = 2L * in->n_doc * (c->dim / c->n_heads) * c->n_layers * c->n_kv_heads;
+    fprintf(stderr, "wrote %s: %zu parameters, %.1f KB (document KV state: %.1f KB)\n", o->out_path,
+            ms->n_params, ms->n_params * 4 / 1e3, kv_entries * 4 / 1e3);
+    if (o->json) {
+        printf("{\"arch\": \"%s\", \"rho\": %.6g, \"params\": %zu, \"kv_entries\": %ld, \"n_doc\": %d, "
+               "\"steps\": %d, \"fit_seconds\": %.3f, \"total_seconds\": %.3f, \"random\": ",
+               o->arch == ARCH_MLP ? "mlp" : "quad", o->rho, ms->n_params, kv_entries, in->n_doc, o->steps,
+               fit_seconds, now_seconds() - t_start);
+        print_eval_json(stdout, &random_split);
+        printf(", \"challenge\": ");
+        print_eval_json(stdout, &challenge_split);
+        printf("}\n");
+    } else {
+        print_eval_table(stdout, "held-out prompts (random split)", &random_split, c->n_layers);
+        print_eval_table(stdout, "held-out prompts (challenge split)", &challenge_split, c->n_layers);
+    }
+    fprintf(stderr, "fitting took %.1fs (%d steps), the whole run %.1fs\n", fit_seconds, o->steps,
+            now_seconds() - t_start);
+    evalresult_free(&random_split); evalresult_free(&challenge_split);
+    return 0;
+}
+
 /* ------------------------------------------------------------------------ */
 
 int main(int argc, char **argv) {
     Options o;
     if (parse_options(argc, argv, &o) != 0) return 1;
-#ifdef NECTAR_CUDA
-    if (o.gpu && nectar_cuda_init() != 0) return 1;
-#endif
+    const FitBackend *backend = fit_backend(&o);
+    if (!backend) return 1;
     double t_start = now_seconds();
-    Model model;
-    if (model_load(&model, o.model_path) != 0) return 1;
-    const Config *c = &model.config;
-    int L = c->n_layers, G = c->n_kv_heads, H = c->n_heads, D = c->dim, d = D / H, group = H / G;
-    if (o.batch > INT_MAX / H) {  /* a step's module queries, batch x n_heads, are counted in int */
-        fprintf(stderr, "error: --batch %d is too large for a model of %d heads; keep it below %d\n",
-                o.batch, H, INT_MAX / H);
-        return 1;
-    }
-    Tokenizer tok, *tokp = NULL;
-    if (o.tok_path) {
-        if (tokenizer_load(&tok, o.tok_path, c->vocab_size) != 0) return 1;
-        tokp = &tok;
-    }
-    if (o.prompts_text_path && !tokp) {
-        fprintf(stderr, "error: --prompts needs a tokenizer (-z); use --prompt-ids for token ids\n");
-        return 1;
-    }
 
-    /* the document and its KV cache */
-    int n_doc, *doc_ids;
-    if (o.doc_ids_path) {
-        n_doc = read_token_ids(o.doc_ids_path, &doc_ids);
-        if (n_doc < 0) return 1;
-    } else {
-        if (!tokp) { fprintf(stderr, "error: a text document needs a tokenizer (-z)\n"); return 1; }
-        char *text = read_text_file(o.doc_text_path);
-        if (!text) return 1;
-        doc_ids = xmalloc((size_t)c->seq_len * sizeof(int));  /* (seq_len): a longer document is refused */
-        n_doc = tokenizer_encode(tokp, text, 1, 0, doc_ids, c->seq_len);
-        free(text);
-        if (n_doc < 0) return 1;
-    }
-    if (n_doc < 2) { fprintf(stderr, "error: the document needs at least 2 tokens\n"); return 1; }
-    if (check_tokens(&model, doc_ids, n_doc, "document") != 0) return 1;
-    int prompt_cap = o.prompt_len < n_doc ? o.prompt_len : n_doc;
-    if (n_doc + prompt_cap > c->seq_len) {
-        fprintf(stderr, "error: document (%d tokens) plus prompts (up to %d) exceed the model's context of %d; "
-                "shorten the document or --prompt-len\n", n_doc, prompt_cap, c->seq_len);
-        return 1;
-    }
-    DocCache cache;
-    if (doccache_build(&cache, &model, doc_ids, n_doc, 256) != 0) return 1;
-    Document doc = {DOC_EXACT, n_doc, &cache, NULL};
+    /* 1. the model, the tokenizer, the document and its KV cache */
+    Inputs in;
+    if (load_inputs(&o, &in) != 0) return 1;
+    const Config *c = &in.model.config;
 
-    /* 1. prompts and the split */
+    /* 2. prompts and the split */
     PromptBuilder builder = {0};
-    make_prompts(&o, &model, &doc, doc_ids, n_doc, &builder);
-    Sampler answer_sampler;
-    sampler_init(&answer_sampler, c->vocab_size, 0.8f, 0.95f, o.seed + 2);
-    if (o.prompts_text_path && read_user_prompts(o.prompts_text_path, tokp, &model, &doc, prompt_cap, o.answer_len,
-                                                 &answer_sampler, &builder) != 0) return 1;
-    if (o.prompts_ids_path && read_user_prompts(o.prompts_ids_path, NULL, &model, &doc, prompt_cap, o.answer_len,
-                                                &answer_sampler, &builder) != 0) return 1;
-    sampler_free(&answer_sampler);
+    if (make_prompt_set(&o, &in, &builder) != 0) return 1;
     PromptSet *all = &builder.set;
-    if (all->n_prompts < 5) {
-        fprintf(stderr, "error: %d prompts are too few for a train/held-out split (need 5)\n", all->n_prompts);
-        return 1;
-    }
-    unsigned char *is_train = xmalloc(all->n_prompts);
-    int *order = xmalloc(all->n_prompts * sizeof(int));
-    uint64_t split_rng = o.seed * 0x9E3779B97F4A7C15ULL + 3;
-    for (int i = 0; i < all->n_prompts; i++) order[i] = i;
-    for (int i = all->n_prompts - 1; i > 0; i--) {  /* Fisher-Yates */
-        int j = rng_u32(&split_rng) % (i + 1), t = order[i];
-        order[i] = order[j]; order[j] = t;
-    }
-    int n_train = (int)(0.8 * all->n_prompts);
-    for (int i = 0; i < all->n_prompts; i++) is_train[order[i]] = i < n_train;
+    unsigned char *is_train = split_prompts(all->n_prompts, o.seed);
 
-    /* 2. teacher pass, challenge split */
+    /* 3. teacher pass, challenge split */
     TeacherData td;
-    float *embed = xmalloc((size_t)all->n_prompts * D * sizeof(float));
-    teacher_pass(&model, &doc, all, is_train, o.lambda_kl > 0, &td, embed);
-    mark_challenge(all, is_train, embed, D);
+    float *embed = xmalloc((size_t)all->n_prompts * c->dim * sizeof(float));
+    teacher_pass(&in.model, &in.doc, all, is_train, o.lambda_kl > 0, &td, embed);
+    mark_challenge(all, is_train, embed, c->dim);
+    free(embed);
 
-    /* 3. modules within the budget: rho * 2 n d parameters per (layer, KV head) */
-    float *mult = xmalloc(L * sizeof(float));
-    if (layer_multipliers(o.groups, L, mult) != 0) return 1;
-    int *sizes = xmalloc(L * sizeof(int));
-    for (int l = 0; l < L; l++) {
-        double budget = o.rho * mult[l] * 2.0 * n_doc * d;
-        sizes[l] = o.arch == ARCH_MLP
-            ? mlp_width_for_budget(d, budget_floor(budget), o.depth_backbone, o.depth_score, o.depth_target)
-            : (int)budget_floor((double)o.rho * mult[l] * n_doc);  /* p = floor(rho n): 2 p d parameters */
-        if (o.arch == ARCH_QUAD && sizes[l] > n_doc) {
-            fprintf(stderr, "error: layer %d would get %d quadrature pairs, more than the %d cached pairs they start "
-                    "from; keep rho x multiplier <= 1\n", l, sizes[l], n_doc);
-            return 1;
-        }
-    }
+    /* 4. modules within the budget, initialised */
     ModuleSet ms;
-    if (moduleset_alloc(&ms, o.arch, L, G, d, o.depth_backbone, o.depth_score, o.depth_target, sizes, 1) != 0) {
-        fprintf(stderr, "error: raise --rho (the document has %d tokens) or lower the depths\n", n_doc);
-        return 1;
-    }
-    ms.n_doc = n_doc; ms.rho = o.rho;
-    ms.model_fingerprint = model.fingerprint; ms.doc_fingerprint = cache.fingerprint;
-    long kv_entries = 2L * n_doc * d * L * G;
-    FILE *info = o.json ? stderr : stdout;
-    fprintf(info, "budget: %s, rho %.3g, document %d tokens, %d layers x %d KV heads, head size %d\n",
-            o.arch == ARCH_MLP ? "MLP" : "quadrature", o.rho, n_doc, L, G, d);
-    fprintf(info, "  %-6s %6s %8s %12s %12s %8s\n", "layer", "mult", o.arch == ARCH_MLP ? "width" : "pairs",
-            "params/mod", "KV entries", "rho");
-    for (int l = 0; l < L; l++) {
-        size_t np = ms.modules[l * G].n_params;
-        fprintf(info, "  %-6d %6.2f %8d %12zu %12ld %8.4f\n", l, mult[l], sizes[l], np, 2L * n_doc * d,
-                np / (2.0 * n_doc * d));
-    }
-    fprintf(info, "  total %zu params for %ld KV entries: rho %.4f\n", ms.n_params, kv_entries,
-            (double)ms.n_params / kv_entries);
-
+    if (make_modules(&o, &in, &ms) != 0) return 1;
     if (o.arch == ARCH_MLP) mlp_init_from_teacher(&ms, &td.fit, c, o.seed + 7);
-    else quad_init_from_cache(&ms, &cache);
+    else quad_init_from_cache(&ms, &in.cache);
 
-    /* 4. fitting */
-    uint64_t run_hash = fnv1a(FNV_OFFSET, &o.arch, sizeof o.arch);
-    float floats[] = {o.rho, o.lr, o.weight_decay, o.warmup_fraction, o.lambda_alpha, o.lambda_A, o.lambda_kl};
-    int ints[] = {o.steps, o.batch, o.kl_prompts, o.n_prompts, o.prompt_len, o.answer_len, o.depth_backbone, o.depth_score, o.depth_target};
-    run_hash = fnv1a(run_hash, floats, sizeof floats);
-    run_hash = fnv1a(run_hash, ints, sizeof ints);
-    run_hash = fnv1a(run_hash, &o.seed, sizeof o.seed);
-    run_hash = fnv1a(run_hash, o.groups, strlen(o.groups));
-    run_hash = fnv1a(run_hash, &model.fingerprint, sizeof(uint64_t));
-    run_hash = fnv1a(run_hash, &cache.fingerprint, sizeof(uint64_t));
-    run_hash = fnv1a(run_hash, all->tokens, all->offsets[all->n_prompts] * sizeof(int));
-
-    Adam adam = {xmalloc(ms.n_params * sizeof(float)), xmalloc(ms.n_params * sizeof(float)), 0};
-    if (o.resume_path) {
-        if (load_checkpoint(o.resume_path, &ms, &adam, run_hash, o.steps) != 0) return 1;
-        fprintf(stderr, "resumed from %s at step %d\n", o.resume_path, adam.step);
-        if (o.stop_after > 0 && o.stop_after <= adam.step) {
-            fprintf(stderr, "error: --stop-after %d is not after the checkpoint's step %d\n", o.stop_after, adam.step);
-            return 1;
-        }
-    }
-    ModuleWork work;
-    modulework_alloc(&work, &ms, o.batch * group);
-    FitBatch batch;
-    fitbatch_alloc(&batch, &ms, H, o.batch);
-    /* the student for the KL term: the Nectar model, teacher-forced on a prompt */
-    Document student_doc = {DOC_NECTAR, n_doc, NULL, &ms};
-    RunState student;
-    int max_len = promptset_max_len(all), cpu_student = o.lambda_kl > 0 && !o.gpu;
-    float *dlogits = o.lambda_kl > 0 ? xmalloc((size_t)max_len * c->vocab_size * sizeof(float)) : NULL;
-    if (cpu_student) {
-        runstate_alloc(&student, &model, &student_doc, max_len, max_len);
-        runstate_enable_backward(&student, &model);
-    }
-#ifdef NECTAR_CUDA
-    GpuFit gpu;
-    if (o.gpu) gpu_fit_start(&gpu, &model, &ms, &adam, &td.fit, o.batch, max_len, o.lambda_kl > 0);
-#endif
-    double t_fit = now_seconds(), last_print = 0, loss = 0;
+    /* 5. fitting, from a checkpoint with --resume */
+    Fit fit = {.o = &o, .model = &in.model, .ms = &ms, .td = &td, .prompts = all,
+               .adam = {xmalloc(ms.n_params * sizeof(float)), xmalloc(ms.n_params * sizeof(float)), 0}};
+    if (o.lambda_kl > 0) fit.dlogits = xmalloc((size_t)promptset_max_len(all) * c->vocab_size * sizeof(float));
+    uint64_t run_hash = run_fingerprint(&o, &in, all);
+    if (o.resume_path && resume(&o, &fit, run_hash) != 0) return 1;
     int last_step = o.stop_after > 0 && o.stop_after < o.steps ? o.stop_after : o.steps;
-    int first_step = adam.step;
-    for (int step = first_step; step < last_step; step++) {
-        /* the batch depends only on (seed, step): resuming draws the same batches */
-        uint64_t batch_rng = fnv1a(o.seed, &step, sizeof step) | 1;
-        for (int b = 0; b < batch.B; b++) batch.pos[b] = (long)(rng_u32(&batch_rng) % (uint32_t)td.fit.P);
-        float lr = learning_rate(&o, step);
-        adam.step++;
-        /* L = regression over the batch positions + lambda_kl mean KL(teacher || Nectar)
-         * over the positions of kl_prompts prompts */
-#ifdef NECTAR_CUDA
-        if (o.gpu) loss = gpu_fit_regression(&gpu, batch.pos, &o, H);
-        else
-#endif
-        {
-            memset(ms.grads, 0, ms.n_params * sizeof(float));
-            loss = o.lambda_alpha + o.lambda_A > 0
-                ? regression_grads(&ms, &work, &batch, &td.fit, H, o.lambda_alpha, o.lambda_A) : 0;
-        }
-        int kl_pick[64], kl_positions = 0;
-        for (int k = 0; o.lambda_kl > 0 && k < o.kl_prompts; k++) {
-            kl_pick[k] = rng_u32(&batch_rng) % td.n_train;
-            int i = td.prompt[kl_pick[k]];
-            kl_positions += all->offsets[i + 1] - all->offsets[i];
-        }
-        for (int k = 0; o.lambda_kl > 0 && k < o.kl_prompts; k++) {
-            int i = td.prompt[kl_pick[k]], len = all->offsets[i + 1] - all->offsets[i];
-            const int *tokens = all->tokens + all->offsets[i];
-            const float *teacher = td.logits + (size_t)td.start[kl_pick[k]] * c->vocab_size;
-            /* kl_loss averages over this prompt's positions; weigh by its share of all of them */
-            float share = (float)len / kl_positions;
-            double kl;
-#ifdef NECTAR_CUDA
-            if (o.gpu) kl = gpu_fit_kl(&gpu, tokens, len, teacher, o.lambda_kl * share, dlogits);
-            else
-#endif
-            {
-                forward(&model, &student, &student_doc, tokens, len, 0, LOGITS_ALL);
-                kl = kl_term(teacher, student.logits, len, c->vocab_size, o.lambda_kl * share, dlogits);
-                backward(&model, &student, &student_doc, tokens, len, dlogits, NULL);
-            }
-            loss += o.lambda_kl * kl * share;
-        }
-        double norm;
-#ifdef NECTAR_CUDA
-        if (o.gpu) norm = gpu_fit_update(&gpu, adam.step, lr, o.weight_decay);
-        else
-#endif
-        {
-            norm = clip_grad_norm(ms.grads, ms.n_params, 1.0);  /* global norm clipping at 1.0 */
-            adamw_update(ms.params, ms.grads, adam.m, adam.v, ms.n_params, adam.step, lr, o.weight_decay, ADAM_BETA2);
-        }
-        if (!isfinite(loss) || !isfinite(norm)) {  /* a NaN norm would pass the clipping unseen */
-            fprintf(stderr, "\nerror: training diverged at step %d (loss %g, gradient norm %g); lower --lr (%g), "
-                    "--wd or the loss weights\n", step + 1, loss, norm, o.lr);
-            return 1;
-        }
-        double now = now_seconds() - t_fit;
-        if (now - last_print > 1.0 || step + 1 == last_step) {
-            last_print = now;
-            int done = step + 1 - first_step;
-            fprintf(stderr, "\rstep %d/%d  loss %.5f  lr %.2e  |g| %.3f  %.1fs  ETA %.0fs   ", step + 1, o.steps,
-                    loss, lr, norm, now, now / done * (last_step - step - 1));
-        }
-        if (o.checkpoint_path && ((step + 1) % o.checkpoint_every == 0 || step + 1 == last_step)) {
-#ifdef NECTAR_CUDA
-            if (o.gpu) gpu_fit_download(&gpu, &ms, &adam);
-#endif
-            if (save_checkpoint(o.checkpoint_path, &ms, &adam, run_hash) != 0) return 1;
-        }
-    }
-    fprintf(stderr, "\n");
-#ifdef NECTAR_CUDA
-    if (o.gpu) {
-        gpu_fit_download(&gpu, &ms, &adam);
-        gpu_fit_free(&gpu);
-    }
-#endif
+    backend->start(&fit);
+    double t_fit = now_seconds();
+    if (fit_modules(&fit, backend, run_hash, last_step) != 0) return 1;
+    backend->finish(&fit);
     double fit_seconds = now_seconds() - t_fit;
     if (last_step < o.steps) {
         fprintf(stderr, "stopped after step %d as asked; resume with --resume %s\n", last_step,
@@ -874,45 +1056,14 @@ int main(int argc, char **argv) {
         return 0;
     }
 
-    /* 5. metrics on the held-out prompts, all of them and the challenge split
-     * (evaluate refuses modules whose outputs are not finite) */
+    /* 6. metrics on the held-out prompts, the module file */
     ms.heldout = select_prompts(all, is_train, 0);
-    EvalResult random_split, challenge_split;
-    if (evaluate(&model, &cache, &ms, &ms.heldout, 0, &random_split) != 0) return 1;
-    if (evaluate(&model, &cache, &ms, &ms.heldout, 1, &challenge_split) != 0) return 1;
+    if (evaluate_and_save(&o, &in, &ms, fit_seconds, t_start) != 0) return 1;
 
-    /* 6. the module file, with the held-out prompts */
-    if (moduleset_save(&ms, o.out_path) != 0) return 1;
-    fprintf(stderr, "wrote %s: %zu parameters, %.1f KB (document KV state: %.1f KB)\n", o.out_path,
-            ms.n_params, ms.n_params * 4 / 1e3, kv_entries * 4 / 1e3);
-    if (o.json) {
-        printf("{\"arch\": \"%s\", \"rho\": %.6g, \"params\": %zu, \"kv_entries\": %ld, \"n_doc\": %d, "
-               "\"steps\": %d, \"fit_seconds\": %.3f, \"total_seconds\": %.3f, \"random\": ",
-               o.arch == ARCH_MLP ? "mlp" : "quad", o.rho, ms.n_params, kv_entries, n_doc, o.steps,
-               fit_seconds, now_seconds() - t_start);
-        print_eval_json(stdout, &random_split);
-        printf(", \"challenge\": ");
-        print_eval_json(stdout, &challenge_split);
-        printf("}\n");
-    } else {
-        print_eval_table(stdout, "held-out prompts (random split)", &random_split, L);
-        print_eval_table(stdout, "held-out prompts (challenge split)", &challenge_split, L);
-    }
-    fprintf(stderr, "fitting took %.1fs (%d steps), the whole run %.1fs\n", fit_seconds, o.steps,
-            now_seconds() - t_start);
-
-    evalresult_free(&random_split); evalresult_free(&challenge_split);
-    fitbatch_free(&batch);
-    free(adam.m); free(adam.v); free(mult); free(sizes); free(embed); free(is_train); free(order);
+    free(fit.adam.m); free(fit.adam.v); free(fit.dlogits); free(is_train);
     free(td.fit.q); free(td.fit.A); free(td.fit.alpha); free(td.logits); free(td.prompt); free(td.start);
-    if (cpu_student) runstate_free(&student);
-    free(dlogits);
-    modulework_free(&work);
     moduleset_free(&ms);
     promptset_free(all);
-    doccache_free(&cache);
-    free(doc_ids);
-    if (tokp) tokenizer_free(tokp);
-    model_free(&model);
+    inputs_free(&in);
     return 0;
 }

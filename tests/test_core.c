@@ -32,7 +32,7 @@ static void naive_state(int nk, int d, const float *q, const float *k, const flo
 
 /* ------------------------------------------------------------------------ */
 
-static void test_attention_and_merge(void) {
+static void test_merge_splits_attention_exactly(void) {
     printf("attention states and merge\n");
     enum { NQ = 5, NK = 37, D = 16 };
     uint64_t rng = 7;
@@ -190,7 +190,7 @@ static double naive_loss(const ModuleSet *s, const Module *mod, const double *pa
     return L;
 }
 
-static void test_module(ModuleArch arch, int Db, int Ds, int Dt, int size) {
+static void test_module_gradients_match_finite_differences(ModuleArch arch, int Db, int Ds, int Dt, int size) {
     enum { N = 7, D = 12 };
     char name[96];
     if (arch == ARCH_MLP) snprintf(name, sizeof name, "MLP (Db,Ds,Dt)=(%d,%d,%d) w=%d", Db, Ds, Dt, size);
@@ -264,7 +264,7 @@ static void test_module(ModuleArch arch, int Db, int Ds, int Dt, int size) {
     moduleset_free(&s);
 }
 
-static void test_width_budget(void) {
+static void test_width_is_largest_within_budget(void) {
     printf("MLP width from the budget\n");
     int d = 32, ok = 1;
     for (long budget = 2000; budget < 200000; budget = budget * 3 / 2) {
@@ -287,7 +287,7 @@ static Config small_gqa = {64, 160, 3, 8, 2, 97, 128};
 /* Oracle equivalence: quadrature modules with p = n, W = K, Z = V return the
  * exact document state, so the Nectar forward must give the logits of the
  * plain forward over document + prompt, through prefill and 20 decode steps. */
-static void test_oracle(void) {
+static void test_exact_state_modules_reproduce_full_cache(void) {
     printf("oracle equivalence (random GQA model, H=8, G=2)\n");
     Model m;
     model_init_random(&m, small_gqa, 1, 42, 0.15f);
@@ -298,16 +298,15 @@ static void test_oracle(void) {
     for (int i = 0; i < NDOC + NPROMPT; i++) all[i] = 3 + rng_u32(&rng) % (c->vocab_size - 3);
 
     /* reference: one plain causal sequence, greedy, token by token after the prefill */
-    Document none = {DOC_EXACT, 0, NULL, NULL};
     RunState ref;
-    runstate_alloc(&ref, &m, &none, NDOC + NPROMPT, NDOC + NPROMPT + NDEC);
+    runstate_alloc(&ref, &m, &NO_DOCUMENT, NDOC + NPROMPT, NDOC + NPROMPT + NDEC);
     float *ref_logits = xmalloc((size_t)(NDEC + 1) * c->vocab_size * sizeof(float));
-    forward(&m, &ref, &none, all, NDOC + NPROMPT, 0, LOGITS_LAST);
+    forward(&m, &ref, &NO_DOCUMENT, all, NDOC + NPROMPT, 0, LOGITS_LAST);
     memcpy(ref_logits, ref.logits + (size_t)(NDOC + NPROMPT - 1) * c->vocab_size, c->vocab_size * sizeof(float));
     for (int t = 0; t < NDEC; t++) {
         int pos = NDOC + NPROMPT + t;
         all[pos] = argmax(ref_logits + (size_t)t * c->vocab_size, c->vocab_size);
-        forward(&m, &ref, &none, &all[pos], 1, pos, LOGITS_LAST);
+        forward(&m, &ref, &NO_DOCUMENT, &all[pos], 1, pos, LOGITS_LAST);
         memcpy(ref_logits + (size_t)(t + 1) * c->vocab_size, ref.logits, c->vocab_size * sizeof(float));
     }
 
@@ -339,8 +338,8 @@ static void test_oracle(void) {
     }
     /* the test can fail: without the document the logits are far from these */
     RunState s;
-    runstate_alloc(&s, &m, &none, NPROMPT, NPROMPT);
-    forward(&m, &s, &none, all + NDOC, NPROMPT, 0, LOGITS_LAST);
+    runstate_alloc(&s, &m, &NO_DOCUMENT, NPROMPT, NPROMPT);
+    forward(&m, &s, &NO_DOCUMENT, all + NDOC, NPROMPT, 0, LOGITS_LAST);
     double nodoc_diff = 0;
     for (int j = 0; j < c->vocab_size; j++)
         nodoc_diff = fmax(nodoc_diff, fabs(s.logits[(size_t)(NPROMPT - 1) * c->vocab_size + j] - ref_logits[j]));
@@ -370,21 +369,20 @@ static void test_oracle(void) {
 }
 
 /* Prefill in one block gives the logits of token-by-token decoding. */
-static void test_prefill_vs_decode(void) {
+static void test_prefill_equals_decode(void) {
     printf("prefill vs token-by-token\n");
     Model m;
     model_init_random(&m, small_gqa, 0, 3, 0.08f);
     int V = m.config.vocab_size, n = 23, tokens[23];
     uint64_t rng = 11;
     for (int i = 0; i < n; i++) tokens[i] = rng_u32(&rng) % V;
-    Document none = {DOC_EXACT, 0, NULL, NULL};
     RunState a, b;
-    runstate_alloc(&a, &m, &none, n, n);
-    runstate_alloc(&b, &m, &none, 1, n);
-    forward(&m, &a, &none, tokens, n, 0, LOGITS_ALL);
+    runstate_alloc(&a, &m, &NO_DOCUMENT, n, n);
+    runstate_alloc(&b, &m, &NO_DOCUMENT, 1, n);
+    forward(&m, &a, &NO_DOCUMENT, tokens, n, 0, LOGITS_ALL);
     float *step = xmalloc((size_t)n * V * sizeof(float));
     for (int i = 0; i < n; i++) {
-        forward(&m, &b, &none, &tokens[i], 1, i, LOGITS_LAST);
+        forward(&m, &b, &NO_DOCUMENT, &tokens[i], 1, i, LOGITS_LAST);
         memcpy(step + (size_t)i * V, b.logits, V * sizeof(float));
     }
     check_close_f("all logits, block of 23 vs 23 single steps", a.logits, step, (size_t)n * V, 1e-4, 1e-4);
@@ -393,7 +391,7 @@ static void test_prefill_vs_decode(void) {
     model_free(&m);
 }
 
-static void test_checkpoint_roundtrip(void) {
+static void test_checkpoint_roundtrip_is_exact(void) {
     printf("checkpoint write, load, run\n");
     for (int shared = 0; shared <= 1; shared++) {
         Model m, back;
@@ -404,13 +402,12 @@ static void test_checkpoint_roundtrip(void) {
              memcmp(back.params, m.params, m.n_params * sizeof(float)) == 0 &&
              back.fingerprint == m.fingerprint;
         if (ok) {
-            Document none = {DOC_EXACT, 0, NULL, NULL};
             RunState s1, s2;
             int tokens[5] = {1, 50, 60, 70, 80};
-            runstate_alloc(&s1, &m, &none, 5, 5);
-            runstate_alloc(&s2, &back, &none, 5, 5);
-            forward(&m, &s1, &none, tokens, 5, 0, LOGITS_ALL);
-            forward(&back, &s2, &none, tokens, 5, 0, LOGITS_ALL);
+            runstate_alloc(&s1, &m, &NO_DOCUMENT, 5, 5);
+            runstate_alloc(&s2, &back, &NO_DOCUMENT, 5, 5);
+            forward(&m, &s1, &NO_DOCUMENT, tokens, 5, 0, LOGITS_ALL);
+            forward(&back, &s2, &NO_DOCUMENT, tokens, 5, 0, LOGITS_ALL);
             ok = memcmp(s1.logits, s2.logits, 5 * m.config.vocab_size * sizeof(float)) == 0;
             runstate_free(&s1); runstate_free(&s2);
             model_free(&back);
@@ -423,7 +420,7 @@ static void test_checkpoint_roundtrip(void) {
 
 /* The fixtures of tests/reference.py: logits at every position of
  * prompt + greedy continuation, and the greedy tokens themselves. */
-static void test_reference_fixture(const char *name) {
+static void test_logits_match_numpy_reference(const char *name) {
     printf("numpy reference fixture %s\n", name);
     char path[256], line_kind[16];
     snprintf(path, sizeof path, "tests/data/%s.bin", name);
@@ -447,21 +444,20 @@ static void test_reference_fixture(const char *name) {
     fclose(f);
     check("fixture parses", ok);
     if (ok) {
-        Document none = {DOC_EXACT, 0, NULL, NULL};
         RunState s;
-        runstate_alloc(&s, &m, &none, n, n);
-        forward(&m, &s, &none, seq, n, 0, LOGITS_ALL);
+        runstate_alloc(&s, &m, &NO_DOCUMENT, n, n);
+        forward(&m, &s, &NO_DOCUMENT, seq, n, 0, LOGITS_ALL);
         check_close("logits vs numpy float64, every position", s.logits, ref, (size_t)n * V, 1e-4, 1e-4);
         runstate_free(&s);
         /* greedy generation: prefill the prompt, then decode token by token */
-        runstate_alloc(&s, &m, &none, np, np + ng);
-        forward(&m, &s, &none, seq, np, 0, LOGITS_LAST);
+        runstate_alloc(&s, &m, &NO_DOCUMENT, np, np + ng);
+        forward(&m, &s, &NO_DOCUMENT, seq, np, 0, LOGITS_LAST);
         const float *last = s.logits + (size_t)(np - 1) * V;
         int same = 1;
         for (int i = 0; i < ng; i++) {
             int next = argmax(last, V);
             same &= next == seq[np + i];
-            forward(&m, &s, &none, &next, 1, np + i, LOGITS_LAST);
+            forward(&m, &s, &NO_DOCUMENT, &next, 1, np + i, LOGITS_LAST);
             last = s.logits;
         }
         check("greedy tokens equal the reference's", same);
@@ -471,7 +467,7 @@ static void test_reference_fixture(const char *name) {
     model_free(&m);
 }
 
-static void test_module_file(void) {
+static void test_module_file_roundtrip_and_fingerprints(void) {
     printf("module file\n");
     int sizes[2] = {5, 7};
     ModuleSet s, back;
@@ -492,7 +488,7 @@ static void test_module_file(void) {
     moduleset_free(&s);
 }
 
-static void test_tokenizer(void) {
+static void test_tokenizer_roundtrip_and_merges(void) {
     printf("tokenizer\n");
     Tokenizer t;
     if (tokenizer_load(&t, "tests/data/tok_test.bin", 0) != 0) { check("test tokenizer loads", 0); return; }
@@ -517,7 +513,7 @@ static void test_tokenizer(void) {
 
 /* Per-op checks: float backward against central differences of a double
  * version of the same forward. */
-static void test_op_backward(void) {
+static void test_op_backward_matches_finite_differences(void) {
     printf("op backward vs finite differences (double)\n");
     enum { N = 24 };
     uint64_t rng = 123;
@@ -605,7 +601,7 @@ static double student_kl(const Model *m, RunState *s, const Document *doc, const
     return kl_loss(teacher, s->logits, n, m->config.vocab_size, dlogits);
 }
 
-static void test_kl_gradients(void) {
+static void test_kl_gradient_matches_finite_differences(void) {
     printf("KL distillation gradients through the frozen transformer\n");
     Model m;
     model_init_random(&m, small_gqa, 1, 42, 0.15f);
@@ -746,7 +742,7 @@ static double naive_regression_loss(const ModuleSet *s, const double *params, co
 
 /* regression_grads (gather, loss weights, every module's backward) against
  * the definition above: its loss, and its gradient by central differences. */
-static void test_regression_loss(ModuleArch arch) {
+static void test_regression_loss_matches_definition(ModuleArch arch) {
     enum { L = 2, G = 2, H = 6, d = 8, P = 5, B = 3 };
     printf("regression loss over all modules, %s, GQA %d/%d\n", arch == ARCH_MLP ? "MLP" : "quadrature", H, G);
     int sizes[L] = {4, 3};
@@ -792,7 +788,7 @@ static void test_regression_loss(ModuleArch arch) {
 }
 
 /* clip_grad_norm and adamw_update against their closed forms. */
-static void test_optimizer_steps(void) {
+static void test_clip_and_adamw_match_closed_forms(void) {
     printf("gradient clipping and AdamW against closed forms\n");
     float g[2] = {3, 4};
     double norm = clip_grad_norm(g, 2, 1.0), want_g[2] = {0.6, 0.8};
@@ -833,7 +829,7 @@ static void test_optimizer_steps(void) {
 /* evaluate() against its definitions, recomputed here. Quadrature modules
  * W = K, Z = V + u (u one vector per (layer, KV head)) give alpha exactly and
  * A_theta = A + u (the softmax sums to 1), so the module error is known. */
-static void test_evaluate(void) {
+static void test_evaluate_metrics_match_definitions(void) {
     printf("evaluate() against its definitions (quadrature modules with a known error)\n");
     Model m;
     model_init_random(&m, small_gqa, 1, 42, 0.15f);
@@ -944,25 +940,25 @@ static void test_evaluate(void) {
 }
 
 int main(void) {
-    test_attention_and_merge();
-    test_module(ARCH_MLP, 1, 1, 2, 9);
-    test_module(ARCH_MLP, 0, 1, 1, 6);
-    test_module(ARCH_MLP, 2, 0, 0, 5);
-    test_module(ARCH_QUAD, 0, 0, 0, 11);
-    test_width_budget();
-    test_oracle();
-    test_prefill_vs_decode();
-    test_checkpoint_roundtrip();
-    test_reference_fixture("ref_gqa");
-    test_reference_fixture("ref_mha_unshared");
-    test_module_file();
-    test_tokenizer();
-    test_op_backward();
-    test_kl_gradients();
-    test_regression_loss(ARCH_MLP);
-    test_regression_loss(ARCH_QUAD);
-    test_optimizer_steps();
-    test_evaluate();
+    test_merge_splits_attention_exactly();
+    test_module_gradients_match_finite_differences(ARCH_MLP, 1, 1, 2, 9);
+    test_module_gradients_match_finite_differences(ARCH_MLP, 0, 1, 1, 6);
+    test_module_gradients_match_finite_differences(ARCH_MLP, 2, 0, 0, 5);
+    test_module_gradients_match_finite_differences(ARCH_QUAD, 0, 0, 0, 11);
+    test_width_is_largest_within_budget();
+    test_exact_state_modules_reproduce_full_cache();
+    test_prefill_equals_decode();
+    test_checkpoint_roundtrip_is_exact();
+    test_logits_match_numpy_reference("ref_gqa");
+    test_logits_match_numpy_reference("ref_mha_unshared");
+    test_module_file_roundtrip_and_fingerprints();
+    test_tokenizer_roundtrip_and_merges();
+    test_op_backward_matches_finite_differences();
+    test_kl_gradient_matches_finite_differences();
+    test_regression_loss_matches_definition(ARCH_MLP);
+    test_regression_loss_matches_definition(ARCH_QUAD);
+    test_clip_and_adamw_match_closed_forms();
+    test_evaluate_metrics_match_definitions();
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;
 }

@@ -57,7 +57,7 @@ static float *download(const float *dev, size_t n) {
 /* Row-wise and elementwise ops                                             */
 
 /* x_std 1e-3 makes mean(x^2) small next to the 1e-5 under the root. */
-static void test_rmsnorm(int rows, int n, float x_std) {
+static void test_rmsnorm_matches_cpu(int rows, int n, float x_std) {
     char what[128];
     uint64_t rng = 11 + rows + n;
     float *x = host_floats((size_t)rows * n), *w = host_floats(n), *ref = host_floats((size_t)rows * n);
@@ -79,7 +79,7 @@ static void test_rmsnorm(int rows, int n, float x_std) {
 }
 
 /* rows of n = n_heads * head_size floats, stride n + pad (the pad must stay untouched). */
-static void test_rope(int rows, int n_heads, int head_size, int pad, int pos, float direction) {
+static void test_rope_matches_cpu(int rows, int n_heads, int head_size, int pad, int pos, float direction) {
     char what[128];
     int n = n_heads * head_size, ld = n + pad;
     size_t size = (size_t)rows * ld;
@@ -103,7 +103,7 @@ static void test_rope(int rows, int n_heads, int head_size, int pad, int pos, fl
     CUDA_CHECK(cudaFree(x_d));
 }
 
-static void test_swiglu(size_t n) {
+static void test_swiglu_matches_cpu(size_t n) {
     char what[128];
     uint64_t rng = 31 + n;
     float *hb = host_floats(n), *hb2 = host_floats(n), *ref = host_floats(n);
@@ -133,7 +133,7 @@ typedef void AttentionStatesFn(int nq, int nk, int d, const float *q, int ldq, c
  * document_states_exact call it; each kernel version in turn. Scores have
  * std q_std: 60 puts them past 88, where expf overflows unless the row's
  * maximum is taken out first. */
-static void test_attention(int nq, int nk, int d, int H, int G, int visible, float q_std) {
+static void test_attention_matches_cpu(int nq, int nk, int d, int H, int G, int visible, float q_std) {
     char what[160], tag[96];
     int D = H * d, KVD = G * d, group = H / G;
     size_t nS = (size_t)nq * nk;  /* one head's scores */
@@ -176,7 +176,7 @@ static void test_attention(int nq, int nk, int d, int H, int G, int visible, flo
 
 /* One query per head (H, d) over nk keys (nk, G d): the split-KV decode
  * against the CPU's single softmax over all keys (q_std as in test_attention). */
-static void test_decode(int H, int G, int nk, int d, float q_std) {
+static void test_decode_matches_cpu(int H, int G, int nk, int d, float q_std) {
     char what[160], tag[96];
     int KVD = G * d, group = H / G, chunks = attention_decode_chunks_cuda(nk);
     uint64_t rng = 53 + H + nk + d;
@@ -208,7 +208,7 @@ static void test_decode(int H, int G, int nk, int d, float q_std) {
 
 /* n pairs of states; rows 0..4 are the edge cases: an empty side, both
  * empty, lse 160 apart, equal lse. */
-static void test_merge(int n, int d) {
+static void test_merge_matches_cpu(int n, int d) {
     char what[128];
     uint64_t rng = 61 + n + d;
     float *A1 = host_floats((size_t)n * d), *A2 = host_floats((size_t)n * d), *l1 = host_floats(n), *l2 = host_floats(n);
@@ -252,7 +252,7 @@ static void test_merge(int n, int d) {
  * through attention_states, CPU against GPU (rows 0.. of a causal case see
  * nothing, and must get no gradient). dq, dk, dv accumulate: both sides
  * start them at the same random values. */
-static void test_attention_backward(int nq, int nk, int d, int visible, int with_dlse) {
+static void test_attention_backward_matches_cpu(int nq, int nk, int d, int visible, int with_dlse) {
     char what[160], tag[96];
     uint64_t rng = 83 + nq + nk + d;
     size_t nqd = (size_t)nq * d, nkd = (size_t)nk * d, nS = (size_t)nq * nk;
@@ -295,7 +295,7 @@ static void test_attention_backward(int nq, int nk, int d, int visible, int with
  * outputs, every parameter gradient and dq must agree. Parameter gradients
  * accumulate: both sides start them at the same random values. size: w
  * (MLP) or p (quadrature). */
-static void test_module(ModuleArch arch, int d, int size, int Db, int Ds, int Dt, int N, float input_scale) {
+static void test_module_matches_cpu(ModuleArch arch, int d, int size, int Db, int Ds, int Dt, int N, float input_scale) {
     char what[200], tag[128];
     ModuleSet s, s_d;
     int sizes[2] = { size, size + 3 };
@@ -369,7 +369,7 @@ static void test_module(ModuleArch arch, int d, int size, int Db, int Ds, int Dt
  * x G = 2 modules, H = 4 heads, over random targets, on the CPU and the GPU
  * from the same start: the losses and norms of every step and the final
  * parameters must agree. */
-static void test_fit(ModuleArch arch, int d, int size, int B, int steps, float lambda_A, float beta2) {
+static void test_fit_matches_cpu(ModuleArch arch, int d, int size, int B, int steps, float lambda_A, float beta2) {
     char what[160], tag[96];
     const int L = 2, G = 2, H = 4, P = 61, D = H * d;
     int sizes[2] = { size, size + 2 };
@@ -425,7 +425,7 @@ static void test_fit(ModuleArch arch, int d, int size, int B, int steps, float l
 /* clip_grad_norm_cuda against clip_grad_norm on n random gradients scaled
  * to the given norm, clipped at 1: the norm it returns, and the gradients
  * after (below the limit, untouched bit for bit). */
-static void test_clip(size_t n, double norm) {
+static void test_clip_matches_cpu(size_t n, double norm) {
     char what[160];
     uint64_t rng = 151 + n;
     float *g = host_floats(n);
@@ -485,7 +485,7 @@ static int fixture_init(Fixture *f, Config c, int n_doc, int block, int with_gra
                   &f->mlp, &f->mlp_d};
     f->docs[2] = {"Nectar quadrature", {DOC_NECTAR, n_doc, NULL, &f->quad}, {DOC_NECTAR, n_doc, NULL, &f->quad_d},
                   &f->quad, &f->quad_d};
-    f->docs[3] = {"no document", {DOC_EXACT, 0, NULL, NULL}, {DOC_EXACT, 0, NULL, NULL}, NULL, NULL};
+    f->docs[3] = {"no document", NO_DOCUMENT, NO_DOCUMENT, NULL, NULL};
     return 0;
 }
 
@@ -500,7 +500,7 @@ static void fixture_free(Fixture *f) {
 /* The GPU's document cache (its own prefill) against the CPU's, then a
  * prompt and `decode` greedy steps with each state of the document: the
  * GPU's logits against the CPU's at every step. */
-static void test_forward(Config c, int n_doc, int block, int n_prompt, int decode) {
+static void test_forward_matches_cpu(Config c, int n_doc, int block, int n_prompt, int decode) {
     char what[200], tag[128];
     Fixture f;
     if (fixture_init(&f, c, n_doc, block, 0, 5 + c.dim + n_doc) != 0) return;
@@ -561,7 +561,7 @@ static double max_abs(const float *x, size_t n) {
  * dlogits moved by 1e-6 of themselves move dL/dx by 1.3e-6 of its largest
  * entry, D256 case). So the absolute tolerance is 2e-5 of the largest entry,
  * with 1e-3 relative. */
-static void test_backward(Config c, int n_doc, int ntok) {
+static void test_backward_matches_cpu(Config c, int n_doc, int ntok) {
     char what[200], tag[128];
     Fixture f;
     if (fixture_init(&f, c, n_doc, 64, 1, 7 + c.dim + n_doc) != 0) return;
@@ -626,84 +626,84 @@ int main(void) {
     printf("device: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
 
     printf("rmsnorm, rope, swiglu\n");
-    test_rmsnorm(37, 37, 2.0f);
-    test_rmsnorm(37, 288, 2.0f);
-    test_rmsnorm(37, 288, 1e-3f);  /* the 1e-5 matters */
-    test_rmsnorm(128, 4096, 2.0f);
-    test_rope(37, 3, 16, 0, 0, 1.0f);
-    test_rope(37, 5, 32, 7, 4000, 1.0f);     /* strided rows, a far position */
-    test_rope(128, 8, 64, 0, 1000, -1.0f);   /* rotating back */
-    test_rope(128, 2, 128, 0, 4096, 1.0f);   /* a KV row */
-    test_swiglu(37 * 113);
-    test_swiglu((size_t)128 * 11008);
+    test_rmsnorm_matches_cpu(37, 37, 2.0f);
+    test_rmsnorm_matches_cpu(37, 288, 2.0f);
+    test_rmsnorm_matches_cpu(37, 288, 1e-3f);  /* the 1e-5 matters */
+    test_rmsnorm_matches_cpu(128, 4096, 2.0f);
+    test_rope_matches_cpu(37, 3, 16, 0, 0, 1.0f);
+    test_rope_matches_cpu(37, 5, 32, 7, 4000, 1.0f);     /* strided rows, a far position */
+    test_rope_matches_cpu(128, 8, 64, 0, 1000, -1.0f);   /* rotating back */
+    test_rope_matches_cpu(128, 2, 128, 0, 4096, 1.0f);   /* a KV row */
+    test_swiglu_matches_cpu(37 * 113);
+    test_swiglu_matches_cpu((size_t)128 * 11008);
 
     printf("attention states (strided heads, causal rule)\n");
-    test_attention(37, 17, 16, 1, 1, 17, 2.0f);          /* odd sizes, GQA 1 */
-    test_attention(37, 17, 32, 4, 2, -5, 2.0f);          /* GQA 2; rows 0..5 see nothing */
-    test_attention(37, 17, 16, 3, 3, 100, 2.0f);         /* visible past nk */
-    test_attention(37, 17, 48, 2, 1, 17, 2.0f);          /* head size not dividing the block */
-    test_attention(9, 33, 256, 2, 2, 33, 2.0f);          /* the largest head size v1 takes */
-    test_attention(5, 0, 16, 2, 1, 0, 2.0f);             /* empty document: (0, -inf) */
-    test_attention(7, 1, 32, 2, 2, 1, 2.0f);             /* one-key document */
-    test_attention(7, 1, 16, 4, 1, -2, 2.0f);            /* one key, first rows empty */
-    test_attention(37, 513, 128, 2, 1, 513, 2.0f);
-    test_attention(128, 4096, 64, 4, 1, 4096, 2.0f);     /* realistic document, GQA 4 */
-    test_attention(128, 4096 + 128, 64, 4, 2, 4097, 2.0f); /* local state of a block at pos 4096 */
-    test_attention(37, 17, 32, 4, 2, 17, 60.0f);         /* scores past expf's range */
+    test_attention_matches_cpu(37, 17, 16, 1, 1, 17, 2.0f);          /* odd sizes, GQA 1 */
+    test_attention_matches_cpu(37, 17, 32, 4, 2, -5, 2.0f);          /* GQA 2; rows 0..5 see nothing */
+    test_attention_matches_cpu(37, 17, 16, 3, 3, 100, 2.0f);         /* visible past nk */
+    test_attention_matches_cpu(37, 17, 48, 2, 1, 17, 2.0f);          /* head size not dividing the block */
+    test_attention_matches_cpu(9, 33, 256, 2, 2, 33, 2.0f);          /* the largest head size v1 takes */
+    test_attention_matches_cpu(5, 0, 16, 2, 1, 0, 2.0f);             /* empty document: (0, -inf) */
+    test_attention_matches_cpu(7, 1, 32, 2, 2, 1, 2.0f);             /* one-key document */
+    test_attention_matches_cpu(7, 1, 16, 4, 1, -2, 2.0f);            /* one key, first rows empty */
+    test_attention_matches_cpu(37, 513, 128, 2, 1, 513, 2.0f);
+    test_attention_matches_cpu(128, 4096, 64, 4, 1, 4096, 2.0f);     /* realistic document, GQA 4 */
+    test_attention_matches_cpu(128, 4096 + 128, 64, 4, 2, 4097, 2.0f); /* local state of a block at pos 4096 */
+    test_attention_matches_cpu(37, 17, 32, 4, 2, 17, 60.0f);         /* scores past expf's range */
 
     printf("split-KV decode (chunk states merged by log-sum-exp)\n");
-    test_decode(4, 4, 0, 16, 2.0f);          /* empty document */
-    test_decode(4, 2, 1, 32, 2.0f);          /* one key */
-    test_decode(3, 1, 17, 16, 2.0f);
-    test_decode(8, 2, 256, 64, 2.0f);        /* exactly one chunk */
-    test_decode(8, 2, 257, 64, 2.0f);        /* one key into the second chunk */
-    test_decode(8, 8, 4096, 64, 2.0f);
-    test_decode(32, 8, 40000, 128, 2.0f);    /* long document, GQA 4 */
-    test_decode(4, 2, 300, 256, 2.0f);       /* the largest head size, two chunks */
-    test_decode(8, 2, 600, 64, 60.0f);       /* scores past expf's range, three chunks */
+    test_decode_matches_cpu(4, 4, 0, 16, 2.0f);          /* empty document */
+    test_decode_matches_cpu(4, 2, 1, 32, 2.0f);          /* one key */
+    test_decode_matches_cpu(3, 1, 17, 16, 2.0f);
+    test_decode_matches_cpu(8, 2, 256, 64, 2.0f);        /* exactly one chunk */
+    test_decode_matches_cpu(8, 2, 257, 64, 2.0f);        /* one key into the second chunk */
+    test_decode_matches_cpu(8, 8, 4096, 64, 2.0f);
+    test_decode_matches_cpu(32, 8, 40000, 128, 2.0f);    /* long document, GQA 4 */
+    test_decode_matches_cpu(4, 2, 300, 256, 2.0f);       /* the largest head size, two chunks */
+    test_decode_matches_cpu(8, 2, 600, 64, 60.0f);       /* scores past expf's range, three chunks */
 
     printf("merge_states\n");
-    test_merge(37 * 3, 16);
-    test_merge(37, 48);
-    test_merge(128 * 32, 64);
+    test_merge_matches_cpu(37 * 3, 16);
+    test_merge_matches_cpu(37, 48);
+    test_merge_matches_cpu(128 * 32, 64);
 
     printf("attention backward\n");
-    test_attention_backward(37, 17, 16, 17, 1);
-    test_attention_backward(37, 17, 32, -5, 1);   /* rows 0..5 see nothing */
-    test_attention_backward(7, 1, 16, 1, 0);      /* one key, no dlse */
-    test_attention_backward(128, 409, 64, 409, 1);
+    test_attention_backward_matches_cpu(37, 17, 16, 17, 1);
+    test_attention_backward_matches_cpu(37, 17, 32, -5, 1);   /* rows 0..5 see nothing */
+    test_attention_backward_matches_cpu(7, 1, 16, 1, 0);      /* one key, no dlse */
+    test_attention_backward_matches_cpu(128, 409, 64, 409, 1);
 
     printf("modules forward and backward (one, then a layer's two in a batch)\n");
-    test_module(ARCH_MLP, 16, 37, 1, 1, 1, 37, 1.0f);
-    test_module(ARCH_MLP, 32, 17, 2, 0, 1, 37, 0.5f);
-    test_module(ARCH_MLP, 16, 5, 0, 1, 2, 37, 1.0f);
-    test_module(ARCH_MLP, 16, 9, 0, 0, 0, 11, 2.0f);   /* no hidden layer: both heads read x */
-    test_module(ARCH_MLP, 64, 512, 1, 1, 1, 512, 1.0f);
-    test_module(ARCH_MLP, 64, 256, 2, 2, 2, 1024, 1.0f);   /* deep: 1024 queries for each module of the batch */
-    test_module(ARCH_QUAD, 16, 17, 0, 0, 0, 37, 1.0f);
-    test_module(ARCH_QUAD, 32, 1, 0, 0, 0, 7, 1.0f);   /* one pair */
-    test_module(ARCH_QUAD, 64, 409, 0, 0, 0, 512, 1.0f);
+    test_module_matches_cpu(ARCH_MLP, 16, 37, 1, 1, 1, 37, 1.0f);
+    test_module_matches_cpu(ARCH_MLP, 32, 17, 2, 0, 1, 37, 0.5f);
+    test_module_matches_cpu(ARCH_MLP, 16, 5, 0, 1, 2, 37, 1.0f);
+    test_module_matches_cpu(ARCH_MLP, 16, 9, 0, 0, 0, 11, 2.0f);   /* no hidden layer: both heads read x */
+    test_module_matches_cpu(ARCH_MLP, 64, 512, 1, 1, 1, 512, 1.0f);
+    test_module_matches_cpu(ARCH_MLP, 64, 256, 2, 2, 2, 1024, 1.0f);   /* deep: 1024 queries for each module of the batch */
+    test_module_matches_cpu(ARCH_QUAD, 16, 17, 0, 0, 0, 37, 1.0f);
+    test_module_matches_cpu(ARCH_QUAD, 32, 1, 0, 0, 0, 7, 1.0f);   /* one pair */
+    test_module_matches_cpu(ARCH_QUAD, 64, 409, 0, 0, 0, 512, 1.0f);
 
     printf("fitting: clipping alone, then regression gradients, clipping, AdamW\n");
-    test_clip(37, 0.5);
-    test_clip(37, 3.0);
-    test_clip(300000, 0.5);  /* more than the 256 blocks x 256 threads of the sum */
-    test_clip(300000, 3.0);
-    test_fit(ARCH_MLP, 16, 37, 17, 12, 0.5f, ADAM_BETA2);
-    test_fit(ARCH_QUAD, 16, 13, 9, 12, 2.0f, 0.95f);  /* pretraining's beta2 */
+    test_clip_matches_cpu(37, 0.5);
+    test_clip_matches_cpu(37, 3.0);
+    test_clip_matches_cpu(300000, 0.5);  /* more than the 256 blocks x 256 threads of the sum */
+    test_clip_matches_cpu(300000, 3.0);
+    test_fit_matches_cpu(ARCH_MLP, 16, 37, 17, 12, 0.5f, ADAM_BETA2);
+    test_fit_matches_cpu(ARCH_QUAD, 16, 13, 9, 12, 2.0f, 0.95f);  /* pretraining's beta2 */
 
     printf("forward pass: prefill, exact / Nectar / no-document decode\n");
     Config small = {64, 96, 2, 4, 2, 67, 256};    /* GQA 2, odd vocabulary */
     Config mha = {48, 80, 3, 3, 3, 37, 256};      /* GQA 1, head size 16 */
     Config wide = {256, 512, 4, 8, 2, 512, 2048}; /* GQA 4, head size 32 */
-    test_forward(small, 37, 16, 5, 6);
-    test_forward(mha, 17, 17, 3, 4);
-    test_forward(wide, 1100, 256, 33, 16);
+    test_forward_matches_cpu(small, 37, 16, 5, 6);
+    test_forward_matches_cpu(mha, 17, 17, 3, 4);
+    test_forward_matches_cpu(wide, 1100, 256, 33, 16);
 
     printf("backward pass (the KL term of train --gpu)\n");
-    test_backward(small, 37, 9);
-    test_backward(mha, 17, 5);
-    test_backward(wide, 300, 24);
+    test_backward_matches_cpu(small, 37, 9);
+    test_backward_matches_cpu(mha, 17, 5);
+    test_backward_matches_cpu(wide, 300, 24);
 
     nectar_cuda_free();
     printf("%d passed, %d failed\n", n_passed, n_failed);
