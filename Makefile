@@ -30,7 +30,7 @@ SAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sa
 
 .DEFAULT_GOAL := all
 PROGRAMS := infer train pretrain benchmark
-TESTS    := tests/test_core tests/test_corpus tests/random_model
+TESTS    := tests/test_core tests/test_corpus tests/random_model tests/test_gguf
 
 .PHONY: all gpu test test-unit test-bad-input test-train test-cuda test-cuda-emu test-asan clean check-blas info demo model bench bench-gpu
 
@@ -88,6 +88,10 @@ tests/test_core: tests/test_core.c tests/check.h nectar.c nectar.h | check-blas
 tests/random_model: tests/random_model.c nectar.c nectar.h | check-blas
 	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ tests/random_model.c nectar.c $(BLAS_LIBS) $(LDLIBS)
 
+# The GGUF reader (libc and libm only) against the fixtures in tests/data.
+tests/test_gguf: tests/test_gguf.c tests/gguf_walk.h gguf.c gguf.h
+	$(CC) $(CFLAGS) -o $@ tests/test_gguf.c gguf.c $(LDLIBS)
+
 # The same programs under AddressSanitizer and UndefinedBehaviorSanitizer.
 build-asan/infer: infer.c nectar.c nectar.h | check-blas
 	@mkdir -p build-asan
@@ -108,6 +112,10 @@ build-asan/pretrain: pretrain.c corpus.c corpus.h nectar.c nectar.h | check-blas
 build-asan/test_core: tests/test_core.c tests/check.h nectar.c nectar.h | check-blas
 	@mkdir -p build-asan
 	$(CC) $(SAN_FLAGS) -std=c11 -D_GNU_SOURCE $(BLAS_CFLAGS) -o $@ tests/test_core.c $(BLAS_LIBS) $(LDLIBS)
+
+build-asan/test_gguf: tests/test_gguf.c tests/gguf_walk.h gguf.c gguf.h
+	@mkdir -p build-asan
+	$(CC) $(SAN_FLAGS) -std=c11 -D_GNU_SOURCE -o $@ tests/test_gguf.c gguf.c $(LDLIBS)
 
 # CUDA kernels against the CPU reference: built only where nvcc is found;
 # without a GPU the test prints SKIP and passes.
@@ -203,6 +211,7 @@ test: test-unit test-bad-input test-train test-cuda test-asan
 test-unit: $(TESTS)
 	./tests/test_core
 	./tests/test_corpus > /dev/null
+	./tests/test_gguf
 
 test-train: $(PROGRAMS) tests/random_model
 	bash tests/test_train.sh
@@ -210,8 +219,9 @@ test-train: $(PROGRAMS) tests/random_model
 test-bad-input: $(PROGRAMS) tests/random_model
 	bash tests/test_bad_input.sh .
 
-test-asan: build-asan/infer build-asan/train build-asan/benchmark build-asan/pretrain build-asan/test_core tests/random_model
+test-asan: build-asan/infer build-asan/train build-asan/benchmark build-asan/pretrain build-asan/test_core build-asan/test_gguf tests/random_model
 	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_core > /dev/null
+	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_gguf > /dev/null
 	bash tests/test_bad_input.sh build-asan
 	bash tests/test_train.sh build-asan
 
