@@ -23,7 +23,10 @@ Writes into OUTDIR:
                      2 KV heads, vocabulary 128 from tokenizer.ggml.tokens,
                      untied output.weight), seeded random weights in F32, F16
                      and Q8_0
-  gguf_llama.expect  "name value" lines: the GgufLlamaConfig it must give
+  gguf_mistral.gguf  the same shape as a "mistral" model (D 32, 1 layer, tied
+                     embeddings) with no optional keys: the defaults apply
+  gguf_*.expect      beside each model, "name value" lines: the
+                     GgufLlamaConfig it must give
 """
 import sys
 from pathlib import Path
@@ -171,13 +174,22 @@ def write_types(outdir, rng):
     (outdir / "gguf_types.expect").write_text("\n".join(lines) + "\n")
 
 
-# The tiny model: D, F, L, H, G, V, context, theta, eps.
-LLAMA = dict(dim=64, hidden_dim=96, n_layers=2, n_heads=4, n_kv_heads=2, vocab_size=128,
-             context_length=256, rope_theta=500000.0, rms_eps=1e-6)
+# The tiny models. "llama" writes every optional key (head_count_kv,
+# key_length, rope.dimension_count, freq_base, epsilon) but no vocab_size (the
+# vocabulary is the token list) and an untied output.weight; "mistral" writes
+# none of the optional keys (the reader's defaults apply), a vocab_size key,
+# and no output.weight (tied embeddings).
+MODELS = {
+    "gguf_llama": dict(arch="llama", dim=64, hidden_dim=96, n_layers=2, n_heads=4, n_kv_heads=2,
+                       vocab_size=128, context_length=256, rope_theta=500000.0, rms_eps=1e-6,
+                       tied=False),
+    "gguf_mistral": dict(arch="mistral", dim=32, hidden_dim=64, n_layers=1, n_heads=2, n_kv_heads=2,
+                         vocab_size=32, context_length=64, rope_theta=10000.0, rms_eps=1e-5,
+                         tied=True),
+}
 
 
-def llama_tensors(rng):
-    c = LLAMA
+def model_tensors(c, rng):
     D, F, V = c["dim"], c["hidden_dim"], c["vocab_size"]
     KVD = c["n_kv_heads"] * D // c["n_heads"]
 
@@ -190,8 +202,9 @@ def llama_tensors(rng):
     def norm():
         return (1 + 0.1 * rng.standard_normal(D)).astype(np.float32), None
 
-    out = [("token_embd.weight", *weight(V, D, Q.Q8_0)), ("output_norm.weight", *norm()),
-           ("output.weight", *weight(V, D, Q.F16))]
+    out = [("token_embd.weight", *weight(V, D, Q.Q8_0)), ("output_norm.weight", *norm())]
+    if not c["tied"]:
+        out.append(("output.weight", *weight(V, D, Q.F16)))
     for layer in range(c["n_layers"]):
         parts = [("attn_norm", norm()), ("attn_q", weight(D, D, Q.F16)),
                  ("attn_k", weight(KVD, D, Q.Q8_0)), ("attn_v", weight(KVD, D, Q.F16)),
@@ -202,30 +215,36 @@ def llama_tensors(rng):
     return out
 
 
-def write_llama(outdir, rng):
-    c = LLAMA
+def model_metadata(c):
+    a, d = c["arch"], c["dim"] // c["n_heads"]
     tokens = ["<unk>", "<s>", "</s>"] + [f"t{i}" for i in range(3, c["vocab_size"])]
-    metadata = [
-        ("llama.block_count", c["n_layers"], V.UINT32, None),
-        ("llama.context_length", c["context_length"], V.UINT32, None),
-        ("llama.embedding_length", c["dim"], V.UINT32, None),
-        ("llama.feed_forward_length", c["hidden_dim"], V.UINT32, None),
-        ("llama.attention.head_count", c["n_heads"], V.UINT32, None),
-        ("llama.attention.head_count_kv", c["n_kv_heads"], V.UINT32, None),
-        ("llama.attention.key_length", c["dim"] // c["n_heads"], V.UINT32, None),
-        ("llama.rope.dimension_count", c["dim"] // c["n_heads"], V.UINT32, None),
-        ("llama.rope.freq_base", c["rope_theta"], V.FLOAT32, None),
-        ("llama.attention.layer_norm_rms_epsilon", c["rms_eps"], V.FLOAT32, None),
+    counts = [("block_count", c["n_layers"]), ("context_length", c["context_length"]),
+              ("embedding_length", c["dim"]), ("feed_forward_length", c["hidden_dim"]),
+              ("attention.head_count", c["n_heads"])]
+    if c["tied"]:
+        counts += [("vocab_size", c["vocab_size"])]
+    else:
+        counts += [("attention.head_count_kv", c["n_kv_heads"]), ("attention.key_length", d),
+                   ("rope.dimension_count", d)]
+    metadata = [(f"{a}.{key}", value, V.UINT32, None) for key, value in counts]
+    if not c["tied"]:
+        metadata += [(f"{a}.rope.freq_base", c["rope_theta"], V.FLOAT32, None),
+                     (f"{a}.attention.layer_norm_rms_epsilon", c["rms_eps"], V.FLOAT32, None)]
+    return metadata + [
         ("tokenizer.ggml.model", "gpt2", V.STRING, None),
         ("tokenizer.ggml.tokens", tokens, V.ARRAY, V.STRING),
         ("tokenizer.ggml.token_type", [3, 3, 3] + [1] * (c["vocab_size"] - 3), V.ARRAY, V.INT32),
         ("tokenizer.ggml.merges", ["t 1", "t1 0", "t 2"], V.ARRAY, V.STRING),
     ]
-    write_gguf(outdir / "gguf_llama.gguf", "llama", metadata, llama_tensors(rng))
-    expect = dict(c, head_size=c["dim"] // c["n_heads"], tied_embeddings=0)
+
+
+def write_model(outdir, name, c, rng):
+    write_gguf(outdir / f"{name}.gguf", c["arch"], model_metadata(c), model_tensors(c, rng))
+    expect = {k: v for k, v in c.items() if k not in ("arch", "tied")}
+    expect.update(head_size=c["dim"] // c["n_heads"], tied_embeddings=int(c["tied"]))
     text = "".join(f"{k} {float(np.float32(v)):.9g}\n" if isinstance(v, float) else f"{k} {v}\n"
                    for k, v in expect.items())     # 9 digits: the float32 exactly
-    (outdir / "gguf_llama.expect").write_text(text)
+    (outdir / f"{name}.expect").write_text(text)
 
 
 def main():
@@ -235,7 +254,8 @@ def main():
     outdir.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(SEED)
     write_types(outdir, rng)
-    write_llama(outdir, rng)
+    for name, config in MODELS.items():
+        write_model(outdir, name, config, rng)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@
 #define TYPES_EXPECT  "tests/data/gguf_types.expect"
 #define LLAMA_FIXTURE "tests/data/gguf_llama.gguf"
 #define LLAMA_EXPECT  "tests/data/gguf_llama.expect"
+#define MISTRAL_FIXTURE "tests/data/gguf_mistral.gguf"
+#define MISTRAL_EXPECT  "tests/data/gguf_mistral.expect"
 
 static int n_passed, n_failed;
 
@@ -495,15 +497,26 @@ static void test_llama_refusals(const Fixture *fx) {
                   u32_bytes(v, 6), 4, &c), "token_embd.weight has type Q5_0", NULL);
 }
 
-static void test_llama(const Fixture *fx) {
-    GgufLlamaConfig got, want = read_llama_expect(LLAMA_EXPECT);
-    printf("llama hyperparameters (%s against %s)\n", LLAMA_FIXTURE, LLAMA_EXPECT);
+/* The model's config against its .expect file, and every tensor read. */
+static void test_model_config(const Fixture *fx, const char *path, const char *expect_path) {
+    GgufLlamaConfig got, want = read_llama_expect(expect_path);
+    printf("llama hyperparameters (%s against %s)\n", path, expect_path);
     check("gguf_llama_config reads the model", gguf_llama_config(&fx->f, &got) == 0);
     check_llama_fields(&got, &want);
     check("every tensor of the model dequantizes", walk_gguf(&fx->f) == 0);
+}
+
+static void test_llama(const Fixture *llama, const Fixture *mistral) {
+    GgufLlamaConfig c;
+    uint8_t v[4];
+    test_model_config(llama, LLAMA_FIXTURE, LLAMA_EXPECT);
     check("output.weight renamed: the model is read with tied embeddings",
-          config_of_edit(fx, name_at(fx, "output.weight"), "outpuX", 6, &got) == 0 && got.tied_embeddings == 1);
-    test_llama_refusals(fx);
+          config_of_edit(llama, name_at(llama, "output.weight"), "outpuX", 6, &c) == 0 && c.tied_embeddings == 1);
+    test_model_config(mistral, MISTRAL_FIXTURE, MISTRAL_EXPECT);
+    check_refusal("mistral.vocab_size 33 but 32 tokens", config_of_edit(mistral,
+                  value_at(mistral, "mistral.vocab_size"), u32_bytes(v, 33), 4, &c),
+                  "mistral.vocab_size is 33 but tokenizer.ggml.tokens holds 32 tokens", NULL);
+    test_llama_refusals(llama);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -514,6 +527,12 @@ static void test_bad_header_and_metadata(const Fixture *fx) {
     size_t first_key = at(fx, fx->f.kv[0].key.ptr);
     printf("bad input: header and metadata, each refused with one sentence\n");
     check_edit_refused("wrong magic", fx, 0, "GGUX", 4, "not a GGUF file");
+    GgufFile f;
+    uint8_t *copy;
+    int status = open_edit(&f, fx, 4, u32_bytes(v, 2), 4, &copy);
+    check("version 2 (the same layout) is read", status == 0 && f.version == 2);
+    if (status == 0) gguf_close(&f);
+    free(copy);
     check_edit_refused("version 1", fx, 4, u32_bytes(v, 1), 4, "unsupported GGUF version 1 ");
     check_edit_refused("version 4", fx, 4, u32_bytes(v, 4), 4, "unsupported GGUF version 4 ");
     check_edit_refused("version 3 big-endian", fx, 4, "\0\0\0\3", 4, "little-endian");
@@ -829,15 +848,16 @@ int main(int argc, char **argv) {
         fprintf(stderr, "error: usage: tests/test_gguf [--model FILE.gguf [NAME=REF.f32 ...]]\n");
         return 1;
     }
-    Fixture types, llama;
+    Fixture types, llama, mistral;
     load_fixture(&types, TYPES_FIXTURE);
     load_fixture(&llama, LLAMA_FIXTURE);
+    load_fixture(&mistral, MISTRAL_FIXTURE);
     test_dequantize(&types.f);
     test_scalars(&types.f);
     test_strings(&types.f);
     test_arrays(&types.f);
     test_tensor_api(&types.f);
-    test_llama(&llama);
+    test_llama(&llama, &mistral);
     test_bad_header_and_metadata(&types);
     test_bad_tensor_infos(&types);
     test_small_files();
@@ -848,6 +868,7 @@ int main(int argc, char **argv) {
     test_fuzz(&llama, "gguf_llama.gguf", 2000, 2);
     free_fixture(&types);
     free_fixture(&llama);
+    free_fixture(&mistral);
     fclose(sink);
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed != 0;
