@@ -12,6 +12,7 @@
  */
 #include "gguf.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -505,8 +506,14 @@ int gguf_open_memory(GgufFile *f, const uint8_t *bytes, size_t size, const char 
 /* The whole file into a malloc'd buffer. */
 static int read_file(const char *path, uint8_t **bytes, size_t *size) {
     FILE *in = fopen(path, "rb");
-    if (!in) return fail(NULL, "cannot open %s", path);
-    long end = fseek(in, 0, SEEK_END) == 0 ? ftell(in) : -1;
+    if (!in) return fail(NULL, "cannot open %s: %s", path, strerror(errno));
+    long end = -1;
+    if (fgetc(in) == EOF && ferror(in)) {          /* a directory opens but cannot be read */
+        fail(NULL, "cannot read %s: %s", path, strerror(errno));
+        fclose(in);
+        return -1;
+    }
+    if (fseek(in, 0, SEEK_END) == 0) end = ftell(in);
     if (end < 0 || fseek(in, 0, SEEK_SET) != 0) {
         fclose(in);
         return fail(NULL, "cannot find the size of %s (not a regular file?)", path);

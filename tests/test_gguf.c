@@ -644,6 +644,8 @@ static void test_small_files(void) {
     listen();
     check_refusal("a file that does not exist", gguf_open(&f, "tests/data/no_such_file.gguf"),
                   "cannot open tests/data/no_such_file.gguf", NULL);
+    listen();
+    check_refusal("a directory", gguf_open(&f, "tests/data"), "cannot read tests/data", NULL);
 }
 
 /* ------------------------------------------------------------------------ */
