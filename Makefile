@@ -30,9 +30,9 @@ SAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sa
 
 .DEFAULT_GOAL := all
 PROGRAMS := infer train pretrain benchmark
-TESTS    := tests/test_core tests/test_corpus tests/random_model
+TESTS    := tests/test_core tests/test_corpus tests/random_model tests/test_bpe
 
-.PHONY: all gpu test test-unit test-bad-input test-train test-cuda test-cuda-emu test-asan clean check-blas info demo model bench bench-gpu
+.PHONY: all gpu test test-unit test-bpe test-bad-input test-train test-cuda test-cuda-emu test-asan clean check-blas info demo model bench bench-gpu
 
 # The main job: fit Nectar modules (MLP, rho 10%) to the default document for
 # the default model in data/, print the metrics on held-out prompts, then the
@@ -84,6 +84,24 @@ tests/test_corpus: tests/test_corpus.c corpus.c corpus.h nectar.c nectar.h | che
 
 tests/test_core: tests/test_core.c tests/check.h nectar.c nectar.h | check-blas
 	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ tests/test_core.c $(BLAS_LIBS) $(LDLIBS)
+
+# The byte-level BPE tokenizer against Hugging Face tokenizers' ids (the
+# fixtures in tests/data are made by tests/make_bpe_fixtures.py). SmolLM2's
+# cases need its vocabulary, which that script dumps with --dump-vocab into
+# BPE_VOCAB; without the dump they say SKIP.
+BPE_VOCAB ?= tests/tmp_bpe_vocab.bin
+BPE_SRC := tests/test_bpe.c tokenizer_bpe.c tokenizer_bpe.h unicode_tables.h
+
+tests/test_bpe: $(BPE_SRC)
+	$(CC) $(CFLAGS) -o $@ tests/test_bpe.c
+
+build-asan/test_bpe: $(BPE_SRC)
+	@mkdir -p build-asan
+	$(CC) $(SAN_FLAGS) -std=c11 -D_GNU_SOURCE -o $@ tests/test_bpe.c
+
+test-bpe: tests/test_bpe build-asan/test_bpe
+	./tests/test_bpe tests/data $(BPE_VOCAB)
+	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_bpe tests/data $(BPE_VOCAB) > /dev/null
 
 tests/random_model: tests/random_model.c nectar.c nectar.h | check-blas
 	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ tests/random_model.c nectar.c $(BLAS_LIBS) $(LDLIBS)
@@ -203,6 +221,7 @@ test: test-unit test-bad-input test-train test-cuda test-asan
 test-unit: $(TESTS)
 	./tests/test_core
 	./tests/test_corpus > /dev/null
+	./tests/test_bpe tests/data $(BPE_VOCAB) > /dev/null
 
 test-train: $(PROGRAMS) tests/random_model
 	bash tests/test_train.sh
@@ -210,8 +229,9 @@ test-train: $(PROGRAMS) tests/random_model
 test-bad-input: $(PROGRAMS) tests/random_model
 	bash tests/test_bad_input.sh .
 
-test-asan: build-asan/infer build-asan/train build-asan/benchmark build-asan/pretrain build-asan/test_core tests/random_model
+test-asan: build-asan/infer build-asan/train build-asan/benchmark build-asan/pretrain build-asan/test_core build-asan/test_bpe tests/random_model
 	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_core > /dev/null
+	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_bpe tests/data $(BPE_VOCAB) > /dev/null
 	bash tests/test_bad_input.sh build-asan
 	bash tests/test_train.sh build-asan
 
