@@ -30,7 +30,7 @@ SAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sa
 
 .DEFAULT_GOAL := all
 PROGRAMS := infer train pretrain benchmark
-TESTS    := tests/test_core tests/test_corpus tests/random_model tests/test_gguf
+TESTS    := tests/test_core tests/test_corpus tests/random_model tests/test_gguf tests/test_bpe
 
 .PHONY: all gpu test test-unit test-bad-input test-train test-cuda test-cuda-emu test-asan clean check-blas info demo model bench bench-gpu
 
@@ -71,7 +71,7 @@ check-blas:
 # and what the programs share. test_core and test_cuda_ref include nectar.c
 # itself, to reach its static helpers.
 LIB_SRC := nectar.c formats.c gguf.c tokenizer.c cli.c util.c
-HEADERS := nectar.h gguf.h corpus.h tests/check.h tests/gguf_walk.h
+HEADERS := nectar.h gguf.h corpus.h tests/check.h tests/gguf_walk.h tokenizer_bpe.h unicode_tables.h tokenizer_bpe.c
 SRC_infer        := infer.c $(LIB_SRC)
 SRC_train        := train.c $(LIB_SRC)
 SRC_benchmark    := bench.c $(LIB_SRC)
@@ -80,6 +80,7 @@ SRC_test_core    := tests/test_core.c $(filter-out nectar.c,$(LIB_SRC))
 SRC_test_corpus  := tests/test_corpus.c corpus.c $(LIB_SRC)
 SRC_random_model := tests/random_model.c $(LIB_SRC)
 SRC_test_gguf    := tests/test_gguf.c gguf.c
+SRC_test_bpe     := tests/test_bpe.c gguf.c
 FLAGS_pretrain   := -pthread
 
 .SECONDEXPANSION:
@@ -89,9 +90,9 @@ $(PROGRAMS): %: $$(SRC_%) $(HEADERS) | check-blas
 $(TESTS): tests/%: $$(SRC_%) $(HEADERS) | check-blas
 	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ $(SRC_$*) $(BLAS_LIBS) $(LDLIBS)
 
-# The same programs (and test_core, test_gguf) under AddressSanitizer and
+# The same programs (and the unit tests) under AddressSanitizer and
 # UndefinedBehaviorSanitizer.
-ASAN_BUILDS := $(addprefix build-asan/,$(PROGRAMS) test_core test_gguf)
+ASAN_BUILDS := $(addprefix build-asan/,$(PROGRAMS) test_core test_gguf test_bpe)
 $(ASAN_BUILDS): build-asan/%: $$(SRC_%) $(HEADERS) | check-blas
 	@mkdir -p build-asan
 	$(CC) $(SAN_FLAGS) -std=c11 -D_GNU_SOURCE $(BLAS_CFLAGS) $(FLAGS_$*) -o $@ $(SRC_$*) $(BLAS_LIBS) $(LDLIBS)
@@ -194,6 +195,7 @@ test: test-unit test-bad-input test-train test-cuda test-asan
 test-unit: $(TESTS)
 	./tests/test_core
 	./tests/test_gguf
+	./tests/test_bpe tests/data
 	./tests/test_corpus > /dev/null
 
 test-train: $(PROGRAMS) tests/random_model
@@ -205,6 +207,7 @@ test-bad-input: $(PROGRAMS) tests/random_model
 test-asan: $(ASAN_BUILDS) tests/random_model
 	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_core > /dev/null
 	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_gguf > /dev/null
+	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_bpe tests/data > /dev/null
 	bash tests/test_bad_input.sh build-asan
 	bash tests/test_train.sh build-asan
 
