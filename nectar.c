@@ -600,7 +600,7 @@ void runstate_enable_backward(RunState *s, const Model *m) { alloc_buffers(s, &m
 
 /* The buffer table's pointers do not depend on the model's sizes. */
 void runstate_free(RunState *s) {
-    static const Config any = {1, 1, 1, 1, 1, 1, 1};
+    static const Config any = {1, 1, 1, 1, 1, 1, 1, 1.0f, 1.0f};
     RunBuffer table[MAX_RUN_BUFFERS];
     for (BufferGroup g = BUFFERS_FORWARD; g <= BUFFERS_BACKWARD; g++) {
         int n = runstate_buffers(s, &any, g, table);
@@ -610,20 +610,21 @@ void runstate_free(RunState *s) {
     memset(s, 0, sizeof(*s));
 }
 
-/* o = w * x * r,  r = 1 / sqrt(mean(x^2) + 1e-5) */
-static void rmsnorm(float *o, const float *x, const float *w, int n) {
+/* o = w * x * r,  r = 1 / sqrt(mean(x^2) + eps) */
+static void rmsnorm(float *o, const float *x, const float *w, int n, float eps) {
     float ss = 0.0f;
     for (int i = 0; i < n; i++) ss += x[i] * x[i];
-    ss = 1.0f / sqrtf(ss / n + 1e-5f);
+    ss = 1.0f / sqrtf(ss / n + eps);
     for (int i = 0; i < n; i++) o[i] = w[i] * (ss * x[i]);
 }
 
 /* Backward of o = w * x * r:
  *   dx_j += r w_j do_j - (r^3 / n) x_j sum_i w_i do_i x_i,   dw_i += do_i x_i r */
-static void rmsnorm_backward(float *dx, float *dw, const float *x, const float *w, const float *dout, int n) {
+static void rmsnorm_backward(float *dx, float *dw, const float *x, const float *w, const float *dout, int n,
+                             float eps) {
     float ss = 0.0f, dot = 0.0f;
     for (int i = 0; i < n; i++) { ss += x[i] * x[i]; dot += w[i] * dout[i] * x[i]; }
-    float r = 1.0f / sqrtf(ss / n + 1e-5f), c = r * r * r / n * dot;
+    float r = 1.0f / sqrtf(ss / n + eps), c = r * r * r / n * dot;
     for (int i = 0; i < n; i++) {
         dx[i] += r * w[i] * dout[i] - c * x[i];
         if (dw) dw[i] += dout[i] * x[i] * r;
@@ -631,11 +632,12 @@ static void rmsnorm_backward(float *dx, float *dw, const float *x, const float *
 }
 
 /* RoPE, llama2.c convention: each adjacent pair (v_i, v_i+1) of a head is
- * rotated by the angle pos * theta^(-(i mod d) / d), theta = 10000.
- * direction -1 rotates back: the backward of the rotation. */
-static void rope(float *vec, int n, int head_size, int pos, float direction) {
+ * rotated by the angle pos * theta^(-(i mod d) / d) (theta: 10000 in llama2.c,
+ * the file's rope.freq_base in a GGUF). direction -1 rotates back: the
+ * backward of the rotation. */
+static void rope(float *vec, int n, int head_size, int pos, float theta, float direction) {
     for (int i = 0; i < head_size; i += 2) {  /* one angle per pair index, shared by every head */
-        float freq = 1.0f / powf(10000.0f, i / (float)head_size);
+        float freq = 1.0f / powf(theta, i / (float)head_size);
         float angle = pos * freq, fcr = cosf(angle), fci = direction * sinf(angle);
         for (int j = i; j < n; j += head_size) {
             float v0 = vec[j], v1 = vec[j + 1];
@@ -721,15 +723,15 @@ static void layer_forward(const Model *m, RunState *s, const Document *doc, int 
     const Weights *w = &m->w;
     int D = c->dim, F = c->hidden_dim, d = D / c->n_heads, KVD = d * c->n_kv_heads;
     for (int t = 0; t < ntok; t++)
-        rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, w->rms_att + (size_t)l * D, D);
+        rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, w->rms_att + (size_t)l * D, D, c->norm_eps);
     /* q, k, v (B, D / KVD) = xb Wq^T, xb Wk^T, xb Wv^T */
     matmul(ntok, D, D, s->xb, w->wq + (size_t)l * D * D, 0.0f, s->q);
     matmul(ntok, D, KVD, s->xb, w->wk + (size_t)l * KVD * D, 0.0f, s->k);
     matmul(ntok, D, KVD, s->xb, w->wv + (size_t)l * KVD * D, 0.0f, s->v);
     for (int t = 0; t < ntok; t++) {
         int position = doc->n + pos + t;  /* local tokens follow the document */
-        rope(s->q + (size_t)t * D, D, d, position, 1.0f);
-        rope(s->k + (size_t)t * KVD, KVD, d, position, 1.0f);
+        rope(s->q + (size_t)t * D, D, d, position, c->rope_theta, 1.0f);
+        rope(s->k + (size_t)t * KVD, KVD, d, position, c->rope_theta, 1.0f);
     }
     size_t cache_row = ((size_t)l * s->capacity + pos) * KVD;
     memcpy(s->key_cache + cache_row, s->k, (size_t)ntok * KVD * sizeof(float));
@@ -749,7 +751,7 @@ static void layer_forward(const Model *m, RunState *s, const Document *doc, int 
     matmul(ntok, D, D, s->att, w->wo + (size_t)l * D * D, 1.0f, s->x_mid);
     /* x = x_mid + W2 (SiLU(W1 xb2) * W3 xb2), xb2 = rmsnorm(x_mid) */
     for (int t = 0; t < ntok; t++)
-        rmsnorm(s->xb2 + (size_t)t * D, s->x_mid + (size_t)t * D, w->rms_ffn + (size_t)l * D, D);
+        rmsnorm(s->xb2 + (size_t)t * D, s->x_mid + (size_t)t * D, w->rms_ffn + (size_t)l * D, D, c->norm_eps);
     matmul(ntok, D, F, s->xb2, w->w1 + (size_t)l * F * D, 0.0f, s->hb);
     matmul(ntok, D, F, s->xb2, w->w3 + (size_t)l * F * D, 0.0f, s->hb2);
     for (size_t i = 0; i < (size_t)ntok * F; i++) s->hgate[i] = silu(s->hb[i]) * s->hb2[i];
@@ -797,7 +799,7 @@ int forward(const Model *m, RunState *s, const Document *doc, const int *tokens,
     if (logits == LOGITS_NONE) return 0;
     int first = logits == LOGITS_ALL ? 0 : ntok - 1, rows = ntok - first;
     for (int t = first; t < ntok; t++)
-        rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, m->w.rms_final, D);
+        rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, m->w.rms_final, D, c->norm_eps);
     /* logits (rows, V) = xb Wcls^T */
     matmul(rows, D, c->vocab_size, s->xb + (size_t)first * D, m->w.wcls, 0.0f, s->logits + (size_t)first * c->vocab_size);
     return 0;
@@ -921,7 +923,7 @@ static void ffn_backward(const Model *m, RunState *s, int l, int ntok, Weights *
     memcpy(b->dx_mid, b->dx, (size_t)ntok * D * sizeof(float));
     for (int t = 0; t < ntok; t++)
         rmsnorm_backward(b->dx_mid + (size_t)t * D, LAYER(dw->rms_ffn, l, D), s->x_mid + (size_t)t * D,
-                         w->rms_ffn + (size_t)l * D, b->dxb + (size_t)t * D, D);
+                         w->rms_ffn + (size_t)l * D, b->dxb + (size_t)t * D, D, c->norm_eps);
 }
 
 /* Backward of layer_forward: back.dx holds dL/d(output x); on return it
@@ -943,8 +945,8 @@ static void layer_backward(const Model *m, RunState *s, const Document *doc, int
     else attention_exact_backward(m, s, doc, l, ntok);
     /* q, k rotated at their positions: rotate the gradients back */
     for (int t = 0; t < ntok; t++) {
-        rope(b->dq + (size_t)t * D, D, d, doc->n + t, -1.0f);
-        rope(b->dk + (size_t)t * KVD, KVD, d, doc->n + t, -1.0f);
+        rope(b->dq + (size_t)t * D, D, d, doc->n + t, c->rope_theta, -1.0f);
+        rope(b->dk + (size_t)t * KVD, KVD, d, doc->n + t, c->rope_theta, -1.0f);
     }
     /* q, k, v = xb Wq^T, xb Wk^T, xb Wv^T */
     input_grad(ntok, D, D, b->dq, w->wq + (size_t)l * D * D, 0.0f, b->dxb);
@@ -957,7 +959,7 @@ static void layer_backward(const Model *m, RunState *s, const Document *doc, int
     memcpy(b->dx, b->dx_mid, (size_t)ntok * D * sizeof(float));
     for (int t = 0; t < ntok; t++)
         rmsnorm_backward(b->dx + (size_t)t * D, LAYER(dw->rms_att, l, D), x_in + (size_t)t * D,
-                         w->rms_att + (size_t)l * D, b->dxb + (size_t)t * D, D);
+                         w->rms_att + (size_t)l * D, b->dxb + (size_t)t * D, D, c->norm_eps);
 }
 
 int backward(const Model *m, RunState *s, const Document *doc, const int *tokens, int ntok,
@@ -973,13 +975,13 @@ int backward(const Model *m, RunState *s, const Document *doc, const int *tokens
     if (!dw) dw = &no_weight_grads;
     /* logits = rmsnorm(x_L) Wcls^T */
     const float *x_final = b->saved_x + (size_t)L * s->max_block * D;
-    for (int t = 0; t < ntok; t++) rmsnorm(s->xb + (size_t)t * D, x_final + (size_t)t * D, m->w.rms_final, D);
+    for (int t = 0; t < ntok; t++) rmsnorm(s->xb + (size_t)t * D, x_final + (size_t)t * D, m->w.rms_final, D, c->norm_eps);
     input_grad(ntok, D, V, dlogits, m->w.wcls, 0.0f, b->dxb);
     weight_grad(ntok, D, V, dlogits, s->xb, dw->wcls);
     memset(b->dx, 0, (size_t)ntok * D * sizeof(float));
     for (int t = 0; t < ntok; t++)
         rmsnorm_backward(b->dx + (size_t)t * D, dw->rms_final, x_final + (size_t)t * D,
-                         m->w.rms_final, b->dxb + (size_t)t * D, D);
+                         m->w.rms_final, b->dxb + (size_t)t * D, D, c->norm_eps);
     for (int l = L - 1; l >= 0; l--) layer_backward(m, s, doc, l, ntok, dw);
     /* x_0 = token_embedding[token] */
     if (dw->token_embedding)

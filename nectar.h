@@ -35,6 +35,8 @@
 #include <stdio.h>
 #include <stdint.h>
 
+#include "tokenizer_bpe.h"
+
 /* ------------------------------------------------------------------------ */
 /* The model: a llama2.c transformer (formats.c loads and writes it)        */
 
@@ -46,7 +48,13 @@ typedef struct {
     int n_kv_heads;   /* G */
     int vocab_size;   /* V (always positive here; see shared_classifier) */
     int seq_len;      /* T */
+    float rope_theta; /* RoPE base: 10000 for llama2.c checkpoints, rope.freq_base in a GGUF */
+    float norm_eps;   /* RMSNorm epsilon: 1e-5 for llama2.c checkpoints */
 } Config;
+
+/* The RoPE base and RMSNorm epsilon of llama2.c, whose checkpoints hold neither. */
+#define LLAMA2C_ROPE_THETA 10000.0f
+#define LLAMA2C_NORM_EPS   1e-5f
 
 typedef struct {          /* views into Model.params, in file order */
     float *token_embedding; /* (V, D) */
@@ -133,6 +141,7 @@ typedef struct {
     int depth_backbone, depth_score, depth_target; /* Db, Ds, Dt (MLP) */
     int n_doc;                  /* n: the document length it replaces */
     float rho;                  /* budget: params / (2 n d) per module */
+    int chat;                   /* 1: fitted to a document framed as a chat turn (--chat) */
     uint64_t model_fingerprint, doc_fingerprint;
     Module *modules;            /* (L * G), module of (l, g) at l * G + g */
     float *params;              /* (n_params) every module, contiguous */
@@ -400,10 +409,15 @@ void promptset_free(PromptSet *p);
 /* ------------------------------------------------------------------------ */
 /* Files (formats.c)                                                        */
 
-/* llama2.c "v0" checkpoints: seven int32 header fields (dim, hidden_dim,
- * n_layers, n_heads, n_kv_heads, vocab_size, seq_len; a negative vocab_size
- * means an unshared classifier), then the fp32 tensors. */
+/* A model file, told apart by its first bytes: a GGUF file of the Llama
+ * architecture (its weights dequantized to fp32, RoPE base and RMSNorm
+ * epsilon from its metadata), or a llama2.c "v0" checkpoint (seven int32
+ * header fields: dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size,
+ * seq_len, a negative vocab_size meaning an unshared classifier; then the
+ * fp32 tensors). */
 int  model_load(Model *m, const char *path);
+/* 1 when the file starts with GGUF's magic number. */
+int  is_gguf_file(const char *path);
 /* Allocates a model of the given shape with weights drawn from a seeded
  * normal distribution (scale `std`; RMSNorm weights 1). For tests and demos. */
 int  model_init_random(Model *m, Config c, int shared_classifier, uint64_t seed, float std);
@@ -436,26 +450,62 @@ int  write_file_atomic(const char *path, const void *const *parts, const size_t 
 size_t first_nonfinite(const float *x, size_t n);
 
 /* ------------------------------------------------------------------------ */
-/* Tokenizer: llama2.c tokenizer.bin (tokenizer.c)                          */
+/* Tokenizers and the chat template (tokenizer.c, tokenizer_bpe.c)          */
+
+typedef enum {
+    TOKENIZER_SCORES = 1,   /* BPE by merge score: llama2.c's tokenizer.bin, a GGUF "llama" vocabulary */
+    TOKENIZER_BYTE_BPE = 2, /* byte-level BPE by merge rank: a GGUF "gpt2" vocabulary (SmolLM2) */
+} TokenizerKind;
 
 typedef struct {
+    TokenizerKind kind;
     int vocab_size;
+    int bos_id, eos_id;     /* BOS, and EOS: the end of a chat model's turn */
+    int add_bos;            /* 1: a text that starts a sequence gets BOS */
+    char *chat_system;      /* ChatML's default system message ("" for none); NULL: no ChatML template */
+    /* TOKENIZER_SCORES */
     int max_token_length;
+    int add_space_prefix;           /* SentencePiece's space before the text */
     char **vocab;                   /* (V) NUL-terminated pieces */
     float *scores;                  /* (V) merge scores */
     int *sorted_ids;                /* (V) ids sorted by piece, for lookup */
     unsigned char byte_pieces[512]; /* each byte as a 1-char string */
+    /* TOKENIZER_BYTE_BPE */
+    BpeTokenizer bpe;
+    char *piece;                    /* (piece_cap) tokenizer_decode's buffer */
+    size_t piece_cap;
 } Tokenizer;
 
-/* vocab_size 0: every entry in the file. */
+/* A tokenizer.bin, or the tokenizer of a GGUF file (told apart by content);
+ * vocab_size 0: every entry in the file, else the model's (checked). */
 int  tokenizer_load(Tokenizer *t, const char *path, int vocab_size);
 void tokenizer_free(Tokenizer *t);
-/* BPE encode as llama2.c does. Returns the count, or -1 (with a message) if
- * it is more than max_tokens; tokens holds max_tokens. */
+/* Text to at most max_tokens ids, with BOS first and EOS last when asked.
+ * Scores: BPE as llama2.c encodes; byte-level: as Hugging Face tokenizers
+ * encodes, control tokens written in the text as their one id. Returns the
+ * count, or -1 with a sentence (too many tokens, a text the vocabulary
+ * cannot spell). */
 int  tokenizer_encode(const Tokenizer *t, const char *text, int bos, int eos,
                       int *tokens, int max_tokens);
-/* The piece to print for `token` after `prev_token`; NULL if out of range. */
+/* The text to print for `token` after `prev_token` (byte-level: its bytes);
+ * NULL if out of range. */
 const char *tokenizer_decode(const Tokenizer *t, int prev_token, int token);
+
+/* The chat convention (ChatML), one for infer, train and evaluation: the
+ * document goes into the user's turn, before the question:
+ *   chat_document: "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{document}\n\n"
+ *   chat_prompt:   "{question}<|im_end|>\n<|im_start|>assistant\n"
+ * (no system turn when the template has no default system message). With no
+ * document, chat_prompt(after_document 0) carries the turn's start itself.
+ * Both malloc'd. */
+char *chat_document(const Tokenizer *t, const char *document);
+char *chat_prompt(const Tokenizer *t, const char *question, int after_document);
+/* The ids of a document's text (framed as a chat turn when chat), BOS first
+ * where the tokenizer adds one; of a prompt, BOS first only when it starts
+ * the sequence (no document before it). At most max ids; NULL after a
+ * sentence; malloc'd. */
+int *encode_document(const Tokenizer *t, const char *text, int chat, int max, int *n);
+int *encode_prompt(const Tokenizer *t, const char *text, int chat, int after_document, int max, int *n);
 
 /* ------------------------------------------------------------------------ */
 /* What the programs share (cli.c)                                          */

@@ -104,46 +104,47 @@ __device__ float block_max(float x, float *buf) {
 /* ------------------------------------------------------------------------ */
 /* Row-wise and elementwise ops of the transformer                          */
 
-/* One block per row. o = w * x * r,  r = 1 / sqrt(mean(x^2) + 1e-5) */
-__global__ void rmsnorm_kernel(float *o, const float *x, const float *w, int n) {
+/* One block per row. o = w * x * r,  r = 1 / sqrt(mean(x^2) + eps) */
+__global__ void rmsnorm_kernel(float *o, const float *x, const float *w, int n, float eps) {
     __shared__ float buf[32];
     const float *xr = x + (size_t)blockIdx.x * n;  /* (n) this row */
     float *orow = o + (size_t)blockIdx.x * n;      /* (n) */
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
     ss = block_sum(ss, buf);  /* every read of xr is done before any write: o may alias x */
-    ss = 1.0f / sqrtf(ss / n + 1e-5f);
+    ss = 1.0f / sqrtf(ss / n + eps);
     for (int i = threadIdx.x; i < n; i += blockDim.x) orow[i] = w[i] * (ss * xr[i]);
 }
 
-void rmsnorm_cuda(float *o, const float *x, const float *w, int rows, int n) {
+void rmsnorm_cuda(float *o, const float *x, const float *w, int rows, int n, float eps) {
     if (rows <= 0) return;
-    rmsnorm_kernel<<<rows, THREADS>>>(o, x, w, n);
+    rmsnorm_kernel<<<rows, THREADS>>>(o, x, w, n, eps);
     CUDA_CHECK(cudaGetLastError());
 }
 
 /* One thread per pair (v_i, v_i+1) of row t, rotated by the angle
- * (pos + t) * theta^(-(i mod d) / d), theta = 10000 (llama2.c convention).
+ * (pos + t) * theta^(-(i mod d) / d) (llama2.c convention).
  * The frequency is powf rounded once: pow in double, then float, which gives
  * the bits of the CPU's powf for every power-of-two head size (CUDA's powf
  * may be a few ulps off, and at position 4000 one ulp moves the angle by
  * 2e-4). */
-__global__ void rope_kernel(float *vec, int rows, int ld, int n, int head_size, int pos, float direction) {
+__global__ void rope_kernel(float *vec, int rows, int ld, int n, int head_size, int pos, float theta,
+                            float direction) {
     size_t idx = blockIdx.x * (size_t)blockDim.x + threadIdx.x, half = n / 2;
     if (idx >= (size_t)rows * half) return;
     int t = (int)(idx / half), i = 2 * (int)(idx % half);
     float *row = vec + (size_t)t * ld;  /* (n) */
-    float freq = 1.0f / (float)pow(10000.0, (double)((i % head_size) / (float)head_size));
+    float freq = 1.0f / (float)pow((double)theta, (double)((i % head_size) / (float)head_size));
     float angle = (pos + t) * freq, fcr = cosf(angle), fci = direction * sinf(angle);
     float v0 = row[i], v1 = row[i + 1];
     row[i] = v0 * fcr - v1 * fci;
     row[i + 1] = v0 * fci + v1 * fcr;
 }
 
-void rope_cuda(float *vec, int rows, int ld, int n, int head_size, int pos, float direction) {
+void rope_cuda(float *vec, int rows, int ld, int n, int head_size, int pos, float theta, float direction) {
     size_t pairs = (size_t)rows * (n / 2);
     if (pairs == 0) return;
-    rope_kernel<<<blocks_for(pairs, THREADS), THREADS>>>(vec, rows, ld, n, head_size, pos, direction);
+    rope_kernel<<<blocks_for(pairs, THREADS), THREADS>>>(vec, rows, ld, n, head_size, pos, theta, direction);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -891,7 +892,7 @@ void runstate_alloc_cuda(RunStateCuda *rs, const Model *m, const Document *doc, 
 }
 
 void runstate_free_cuda(RunStateCuda *rs) {
-    static const Config any = {1, 1, 1, 1, 1, 1, 1};  /* the table's pointers do not depend on sizes */
+    static const Config any = {1, 1, 1, 1, 1, 1, 1, 1.0f, 1.0f};  /* the table's pointers do not depend on sizes */
     RunState *s = &rs->s;
     RunBuffer table[MAX_RUN_BUFFERS];
     for (int g = BUFFERS_FORWARD; g <= BUFFERS_BACKWARD; g++) {
@@ -999,13 +1000,13 @@ static void layer_forward_cuda(const Model *m, RunStateCuda *rs, const Document 
     const Config *c = &m->config;
     const Weights *w = &m->w;
     int D = c->dim, F = c->hidden_dim, d = D / c->n_heads, KVD = d * c->n_kv_heads;
-    rmsnorm_cuda(s->xb, s->x, w->rms_att + (size_t)l * D, ntok, D);
+    rmsnorm_cuda(s->xb, s->x, w->rms_att + (size_t)l * D, ntok, D, c->norm_eps);
     /* q, k, v (B, D / KVD) = xb Wq^T, xb Wk^T, xb Wv^T */
     matmul_cuda(ntok, D, D, s->xb, w->wq + (size_t)l * D * D, 0.0f, s->q);
     matmul_cuda(ntok, D, KVD, s->xb, w->wk + (size_t)l * KVD * D, 0.0f, s->k);
     matmul_cuda(ntok, D, KVD, s->xb, w->wv + (size_t)l * KVD * D, 0.0f, s->v);
-    rope_cuda(s->q, ntok, D, D, d, doc->n + pos, 1.0f);  /* local tokens follow the document */
-    rope_cuda(s->k, ntok, KVD, KVD, d, doc->n + pos, 1.0f);
+    rope_cuda(s->q, ntok, D, D, d, doc->n + pos, c->rope_theta, 1.0f);  /* local tokens follow the document */
+    rope_cuda(s->k, ntok, KVD, KVD, d, doc->n + pos, c->rope_theta, 1.0f);
     size_t cache_row = ((size_t)l * s->capacity + pos) * KVD;
     CUDA_CHECK(cudaMemcpy(s->key_cache + cache_row, s->k, (size_t)ntok * KVD * sizeof(float), cudaMemcpyDeviceToDevice));
     CUDA_CHECK(cudaMemcpy(s->value_cache + cache_row, s->v, (size_t)ntok * KVD * sizeof(float), cudaMemcpyDeviceToDevice));
@@ -1017,7 +1018,7 @@ static void layer_forward_cuda(const Model *m, RunStateCuda *rs, const Document 
     CUDA_CHECK(cudaMemcpy(s->x_mid, s->x, (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
     matmul_cuda(ntok, D, D, s->att, w->wo + (size_t)l * D * D, 1.0f, s->x_mid);
     /* x = x_mid + W2 (SiLU(W1 xb2) * W3 xb2), xb2 = rmsnorm(x_mid) */
-    rmsnorm_cuda(s->xb2, s->x_mid, w->rms_ffn + (size_t)l * D, ntok, D);
+    rmsnorm_cuda(s->xb2, s->x_mid, w->rms_ffn + (size_t)l * D, ntok, D, c->norm_eps);
     matmul_cuda(ntok, D, F, s->xb2, w->w1 + (size_t)l * F * D, 0.0f, s->hb);
     matmul_cuda(ntok, D, F, s->xb2, w->w3 + (size_t)l * F * D, 0.0f, s->hb2);
     swiglu_cuda(s->hgate, s->hb, s->hb2, (size_t)ntok * F);
@@ -1047,7 +1048,7 @@ int forward_cuda(const Model *m, RunStateCuda *rs, const Document *doc, const in
                                                (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
     if (logits == LOGITS_NONE) return 0;
     int first = logits == LOGITS_ALL ? 0 : ntok - 1, rows = ntok - first;
-    rmsnorm_cuda(s->xb + (size_t)first * D, s->x + (size_t)first * D, m->w.rms_final, rows, D);
+    rmsnorm_cuda(s->xb + (size_t)first * D, s->x + (size_t)first * D, m->w.rms_final, rows, D, c->norm_eps);
     /* logits (rows, V) = xb Wcls^T */
     matmul_cuda(rows, D, V, s->xb + (size_t)first * D, m->w.wcls, 0.0f, s->logits + (size_t)first * V);
     CUDA_CHECK(cudaMemcpy(rs->logits + (size_t)first * V, s->logits + (size_t)first * V, (size_t)rows * V * sizeof(float),
@@ -1065,8 +1066,9 @@ void runstate_enable_backward_cuda(RunStateCuda *rs, const Model *m) {
 }
 
 /* One block per row: dx += r w do - (r^3 / n) x sum_i w_i do_i x_i,
- * r = 1 / sqrt(mean(x^2) + 1e-5) (the backward of rmsnorm; no weight gradient). */
-__global__ void rmsnorm_backward_kernel(float *dx, const float *x, const float *w, const float *dout, int n) {
+ * r = 1 / sqrt(mean(x^2) + eps) (the backward of rmsnorm; no weight gradient). */
+__global__ void rmsnorm_backward_kernel(float *dx, const float *x, const float *w, const float *dout, int n,
+                                        float eps) {
     __shared__ float buf[32];
     size_t row = (size_t)blockIdx.x * n;
     float ss = 0.0f, dot = 0.0f;
@@ -1076,12 +1078,13 @@ __global__ void rmsnorm_backward_kernel(float *dx, const float *x, const float *
     }
     ss = block_sum(ss, buf);
     dot = block_sum(dot, buf);
-    float r = 1.0f / sqrtf(ss / n + 1e-5f), k = r * r * r / n * dot;
+    float r = 1.0f / sqrtf(ss / n + eps), k = r * r * r / n * dot;
     for (int i = threadIdx.x; i < n; i += blockDim.x) dx[row + i] += r * w[i] * dout[row + i] - k * x[row + i];
 }
 
-static void rmsnorm_backward_cuda(float *dx, const float *x, const float *w, const float *dout, int rows, int n) {
-    rmsnorm_backward_kernel<<<rows, THREADS>>>(dx, x, w, dout, n);
+static void rmsnorm_backward_cuda(float *dx, const float *x, const float *w, const float *dout, int rows, int n,
+                                  float eps) {
+    rmsnorm_backward_kernel<<<rows, THREADS>>>(dx, x, w, dout, n, eps);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1241,22 +1244,22 @@ static void layer_backward_cuda(const Model *m, RunStateCuda *rs, const Document
     input_grad_cuda(ntok, D, F, b->dhb2, w->w3 + (size_t)l * F * D, 1.0f, b->dxb);
     /* xb2 = rmsnorm(x_mid); x_mid also flows straight to x */
     CUDA_CHECK(cudaMemcpy(b->dx_mid, b->dx, (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
-    rmsnorm_backward_cuda(b->dx_mid, s->x_mid, w->rms_ffn + (size_t)l * D, b->dxb, ntok, D);
+    rmsnorm_backward_cuda(b->dx_mid, s->x_mid, w->rms_ffn + (size_t)l * D, b->dxb, ntok, D, c->norm_eps);
     /* x_mid = x + att Wo^T */
     input_grad_cuda(ntok, D, D, b->dx_mid, w->wo + (size_t)l * D * D, 0.0f, b->datt);
     /* exact or Nectar: the same one line as in layer_forward_cuda */
     if (doc->mode == DOC_NECTAR) attention_nectar_backward_cuda(m, rs, doc, l, ntok);
     else attention_exact_backward_cuda(m, rs, doc, l, ntok);
     /* q, k rotated at their positions: rotate the gradients back */
-    rope_cuda(b->dq, ntok, D, D, d, doc->n, -1.0f);
-    rope_cuda(b->dk, ntok, KVD, KVD, d, doc->n, -1.0f);
+    rope_cuda(b->dq, ntok, D, D, d, doc->n, c->rope_theta, -1.0f);
+    rope_cuda(b->dk, ntok, KVD, KVD, d, doc->n, c->rope_theta, -1.0f);
     /* q, k, v = xb Wq^T, xb Wk^T, xb Wv^T */
     input_grad_cuda(ntok, D, D, b->dq, w->wq + (size_t)l * D * D, 0.0f, b->dxb);
     input_grad_cuda(ntok, D, KVD, b->dk, w->wk + (size_t)l * KVD * D, 1.0f, b->dxb);
     input_grad_cuda(ntok, D, KVD, b->dv, w->wv + (size_t)l * KVD * D, 1.0f, b->dxb);
     /* xb = rmsnorm(x); x also flows straight to x_mid */
     CUDA_CHECK(cudaMemcpy(b->dx, b->dx_mid, (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
-    rmsnorm_backward_cuda(b->dx, x_in, w->rms_att + (size_t)l * D, b->dxb, ntok, D);
+    rmsnorm_backward_cuda(b->dx, x_in, w->rms_att + (size_t)l * D, b->dxb, ntok, D, c->norm_eps);
 }
 
 int backward_cuda(const Model *m, RunStateCuda *rs, const Document *doc, int ntok, const float *dlogits) {
@@ -1273,7 +1276,7 @@ int backward_cuda(const Model *m, RunStateCuda *rs, const Document *doc, int nto
     const float *x_final = b->saved_x + (size_t)L * s->max_block * D;
     input_grad_cuda(ntok, D, V, rs->dlogits, m->w.wcls, 0.0f, b->dxb);
     CUDA_CHECK(cudaMemset(b->dx, 0, (size_t)ntok * D * sizeof(float)));
-    rmsnorm_backward_cuda(b->dx, x_final, m->w.rms_final, b->dxb, ntok, D);
+    rmsnorm_backward_cuda(b->dx, x_final, m->w.rms_final, b->dxb, ntok, D, c->norm_eps);
     for (int l = L - 1; l >= 0; l--) layer_backward_cuda(m, rs, doc, l, ntok);
     return 0;
 }

@@ -49,12 +49,12 @@ void nectar_cuda_free(void);
 /* ------------------------------------------------------------------------ */
 /* Row-wise and elementwise ops of the transformer                          */
 
-/* rmsnorm of `rows` rows of n floats: o_r = w * x_r / sqrt(mean(x_r^2) + 1e-5).
+/* rmsnorm of `rows` rows of n floats: o_r = w * x_r / sqrt(mean(x_r^2) + eps).
  * o, x: (rows, n), may alias; w: (n). */
-void rmsnorm_cuda(float *o, const float *x, const float *w, int rows, int n);
-/* RoPE in place on `rows` rows (stride ld) of n floats, row t at position
- * pos + t; direction 1 rotates, -1 rotates back. vec: (rows, ld). */
-void rope_cuda(float *vec, int rows, int ld, int n, int head_size, int pos, float direction);
+void rmsnorm_cuda(float *o, const float *x, const float *w, int rows, int n, float eps);
+/* RoPE (base theta) in place on `rows` rows (stride ld) of n floats, row t at
+ * position pos + t; direction 1 rotates, -1 rotates back. vec: (rows, ld). */
+void rope_cuda(float *vec, int rows, int ld, int n, int head_size, int pos, float theta, float direction);
 /* hgate = SiLU(hb) * hb2, elementwise; each (n). */
 void swiglu_cuda(float *hgate, const float *hb, const float *hb2, size_t n);
 /* y (rows, n_out) = beta y + x (rows, n_in) W^T, W stored (n_out, n_in):

@@ -23,7 +23,7 @@
 #include <sys/stat.h>
 
 /* the default model's shape: 4 layers, 4 query heads sharing 2 KV heads of size 32 */
-static const Config DEFAULT_CONFIG = {128, 384, 4, 4, 2, 259, 320};
+static const Config DEFAULT_CONFIG = {128, 384, 4, 4, 2, 259, 320, LLAMA2C_ROPE_THETA, LLAMA2C_NORM_EPS};
 enum { N_WORKERS = 2, MAX_BATCH = 1 << 20 /* samples per step */ };
 
 typedef struct {

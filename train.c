@@ -37,7 +37,7 @@ typedef struct {
     const char *prompts_text_path, *prompts_ids_path, *checkpoint_path, *resume_path;
     ModuleArch arch;
     float rho, lr, weight_decay, warmup_fraction, lambda_alpha, lambda_A, lambda_kl;
-    int steps, batch, kl_prompts, n_prompts, prompt_len, answer_len, checkpoint_every, stop_after, json, gpu;
+    int steps, batch, kl_prompts, n_prompts, prompt_len, answer_len, checkpoint_every, stop_after, json, gpu, chat;
     int depth_backbone, depth_score, depth_target;
     int loss_preset;  /* 0 regression, 1 mixed, 2 kl */
     const char *groups;
@@ -47,8 +47,12 @@ typedef struct {
 static void usage(FILE *f) {
     fprintf(f,
         "usage: train -m MODEL (-d DOC.txt | -D DOC.ids) -o OUT.nectar [options]\n"
-        "  -m MODEL          llama2.c checkpoint          -z TOKENIZER  tokenizer.bin (text input)\n"
-        "  -d DOC.txt        document text (BOS first)    -D DOC.ids    document token ids\n"
+        "  -m MODEL          a GGUF file (Llama architecture; its tokenizer too) or a llama2.c checkpoint\n"
+        "  -z TOKENIZER      tokenizer.bin, for text input with a llama2.c checkpoint\n"
+        "  -d DOC.txt        document text (BOS first where the tokenizer adds one)\n"
+        "  -D DOC.ids        document token ids\n"
+        "  --chat            the model's chat template: the document goes into the user's turn, each\n"
+        "                    text prompt ends the turn (infer --chat uses the modules)\n"
         "  -o OUT.nectar     module file to write\n"
         "  --arch mlp|quad   module architecture (default mlp)\n"
         "  --rho R           budget: params / (2 n d) per module (default 0.1)\n"
@@ -159,6 +163,8 @@ static const char *finish_options(Options *o) {
         return "the loss weights must be >= 0 and not all 0";
     if (o->kl_prompts < 1 || o->kl_prompts > 64) return "--kl-prompts must be in 1..64";
     if (o->stop_after > 0 && !o->checkpoint_path) return "--stop-after needs --checkpoint, or the fit is lost";
+    if (o->chat && (o->doc_ids_path || o->prompts_ids_path))
+        return "--chat frames texts (-d, --prompts); token ids (-D, --prompt-ids) are used as given";
 #ifndef NECTAR_CUDA
     if (o->gpu) return NO_GPU_SUPPORT;
 #endif
@@ -196,6 +202,7 @@ static int parse_options(int argc, char **argv, Options *o) {
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
         if (!strcmp(a, "--json")) { o->json = 1; continue; }
         if (!strcmp(a, "--gpu")) { o->gpu = 1; continue; }
+        if (!strcmp(a, "--chat")) { o->chat = 1; continue; }
         if (i + 1 >= argc) { report_last_option(a, VALUE_OPTIONS); return -1; }
         if (parse_value_option(a, argv[++i], o) != 0) return -1;
     }
@@ -216,20 +223,23 @@ typedef struct {
 } Inputs;
 
 /* The document's token ids: from an id file, or its text encoded with BOS
- * first (at most seq_len tokens). */
+ * first where the tokenizer adds one, framed as a chat turn with --chat (at
+ * most seq_len tokens). */
 static int read_document(const Options *o, Inputs *in) {
     const Config *c = &in->model.config;
     if (o->doc_ids_path) {
         in->n_doc = read_token_ids(o->doc_ids_path, &in->doc_ids);
         return in->n_doc < 0 ? -1 : 0;
     }
-    if (!in->tokp) { fprintf(stderr, "error: a text document needs a tokenizer (-z)\n"); return -1; }
+    if (!in->tokp) {
+        fprintf(stderr, "error: a text document needs a tokenizer (-z, or a GGUF model)\n");
+        return -1;
+    }
     char *text = read_text_file(o->doc_text_path);
     if (!text) return -1;
-    in->doc_ids = xmalloc((size_t)c->seq_len * sizeof(int));  /* (seq_len): a longer document is refused */
-    in->n_doc = tokenizer_encode(in->tokp, text, 1, 0, in->doc_ids, c->seq_len);
+    in->doc_ids = encode_document(in->tokp, text, o->chat, c->seq_len, &in->n_doc);
     free(text);
-    return in->n_doc < 0 ? -1 : 0;
+    return in->doc_ids ? 0 : -1;
 }
 
 static int load_inputs(const Options *o, Inputs *in) {
@@ -241,12 +251,17 @@ static int load_inputs(const Options *o, Inputs *in) {
                 o->batch, c->n_heads, INT_MAX / c->n_heads);
         return -1;
     }
-    if (o->tok_path) {
-        if (tokenizer_load(&in->tok, o->tok_path, c->vocab_size) != 0) return -1;
+    const char *tok_path = o->tok_path ? o->tok_path : is_gguf_file(o->model_path) ? o->model_path : NULL;
+    if (tok_path) {
+        if (tokenizer_load(&in->tok, tok_path, c->vocab_size) != 0) return -1;
         in->tokp = &in->tok;
     }
+    if (o->chat && (!in->tokp || !in->tok.chat_system)) {
+        fprintf(stderr, "error: --chat needs a tokenizer with a ChatML chat template (a GGUF chat model)\n");
+        return -1;
+    }
     if (o->prompts_text_path && !in->tokp) {
-        fprintf(stderr, "error: --prompts needs a tokenizer (-z); use --prompt-ids for token ids\n");
+        fprintf(stderr, "error: --prompts needs a tokenizer (-z, or a GGUF model); use --prompt-ids for token ids\n");
         return -1;
     }
     if (read_document(o, in) != 0) return -1;
@@ -340,13 +355,51 @@ static void make_prompts(const Options *o, const Model *m, const Document *doc, 
     free(buf);
 }
 
-/* Reads user prompts, one per line: text (needs a tokenizer) or token ids.
- * Each is followed by up to answer_len tokens that the full-cache model
- * samples after it (its own answer), within the length cap. */
-static int read_user_prompts(const char *path, const Tokenizer *tok, const Model *m, const Document *doc, int cap,
-                             int answer_len, Sampler *sampler, PromptBuilder *b) {
+/* The ids of a line of token ids into ids: their count, or -1 after a sentence. */
+static int parse_id_line(const char *line, const char *path, int line_no, int *ids) {
+    int n = 0;
+    for (const char *p = line;;) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end != p && (errno == ERANGE || v < INT_MIN || v > INT_MAX)) end = (char *)p;  /* not an int */
+        if (end == p) {
+            while (*end == ' ' || *end == '\t' || *end == '\r') end++;
+            if (!*end) return n;
+            fprintf(stderr, "error: %s line %d: '%s' is not a token id\n", path, line_no, end);
+            return -1;
+        }
+        ids[n++] = (int)v;
+        p = end;
+    }
+}
+
+/* The ids of a line of text into ids (at most cap of them): a backslash-n
+ * stands for a newline, two backslashes for one; the prompt follows the
+ * document (framed as the end of a chat turn with chat). */
+static int encode_text_line(char *line, const Tokenizer *tok, int chat, int cap, int *ids) {
+    char *out = line;
+    for (char *in = line; *in; in++) {
+        if (in[0] == '\\' && (in[1] == 'n' || in[1] == '\\')) { *out++ = in[1] == 'n' ? '\n' : '\\'; in++; }
+        else *out++ = *in;
+    }
+    *out = 0;
+    int n, *encoded = encode_prompt(tok, line, chat, 1, INT_MAX, &n);
+    if (!encoded) return -1;
+    if (n > cap) n = cap;
+    memcpy(ids, encoded, n * sizeof(int));
+    free(encoded);
+    return n;
+}
+
+/* Reads user prompts, one per line: text (tok given) or token ids. Each is
+ * followed by up to --answer-len tokens that the full-cache model samples
+ * after it (its own answer), within the length cap. */
+static int read_user_prompts(const char *path, const Tokenizer *tok, const Options *o, const Inputs *in,
+                             Sampler *sampler, PromptBuilder *b) {
     char *text = read_text_file(path);
     if (!text) return -1;
+    int cap = o->prompt_len < in->n_doc ? o->prompt_len : in->n_doc;
     size_t room = strlen(text) + 3 + (size_t)cap;
     int *ids = xmalloc(room * sizeof(int)), line_no = 0, count = 0;
     for (char *line = text, *next; line && *line; line = next) {
@@ -354,40 +407,18 @@ static int read_user_prompts(const char *path, const Tokenizer *tok, const Model
         if (next) *next++ = 0;
         line_no++;
         if (!*line) continue;
-        int n = 0;
-        if (tok) {
-            /* a backslash-n in a line stands for a newline, two backslashes for one */
-            char *out = line;
-            for (char *in = line; *in; in++) {
-                if (in[0] == '\\' && (in[1] == 'n' || in[1] == '\\')) { *out++ = in[1] == 'n' ? '\n' : '\\'; in++; }
-                else *out++ = *in;
-            }
-            *out = 0;
-            n = tokenizer_encode(tok, line, 0, 0, ids, (int)strlen(line) + 3);
-        } else {
-            for (char *p = line, *end;; p = end) {
-                errno = 0;
-                long v = strtol(p, &end, 10);
-                if (end != p && (errno == ERANGE || v < INT_MIN || v > INT_MAX)) end = p;  /* not an int */
-                if (end == p) {
-                    while (*end == ' ' || *end == '\t' || *end == '\r') end++;
-                    if (*end) { fprintf(stderr, "error: %s line %d: '%s' is not a token id\n", path, line_no, end); n = -1; }
-                    break;
-                }
-                ids[n++] = (int)v;
-            }
-        }
-        if (n < 0 || check_tokens(m, ids, n, path) != 0) { free(ids); free(text); return -1; }
+        int n = tok ? encode_text_line(line, tok, o->chat, cap, ids) : parse_id_line(line, path, line_no, ids);
+        if (n < 0 || check_tokens(&in->model, ids, n, path) != 0) { free(ids); free(text); return -1; }
         if (n == 0) continue;  /* a blank line */
         if (n > cap) n = cap;
-        int answer = cap - n < answer_len ? cap - n : answer_len;
-        if (answer > 0) continue_span(m, doc, ids, n, answer, sampler, ids + n);
+        int answer = cap - n < o->answer_len ? cap - n : o->answer_len;
+        if (answer > 0) continue_span(&in->model, &in->doc, ids, n, answer, sampler, ids + n);
         if (n + answer >= 2) { add_prompt(b, ids, n + answer); count++; }
     }
     free(ids);
     free(text);
     fprintf(stderr, "read %d prompts from %s, each followed by up to %d tokens of the model's own answer\n",
-            count, path, answer_len);
+            count, path, o->answer_len);
     return 0;
 }
 
@@ -395,17 +426,14 @@ static int read_user_prompts(const char *path, const Tokenizer *tok, const Model
  * full-cache model). */
 static int make_prompt_set(const Options *o, const Inputs *in, PromptBuilder *b) {
     const Config *c = &in->model.config;
-    int prompt_cap = o->prompt_len < in->n_doc ? o->prompt_len : in->n_doc;
     make_prompts(o, &in->model, &in->doc, in->doc_ids, in->n_doc, b);
     Sampler answer_sampler;
     sampler_init(&answer_sampler, c->vocab_size, 0.8f, 0.95f, o->seed + 2);
     int rc = 0;
     if (o->prompts_text_path)
-        rc = read_user_prompts(o->prompts_text_path, in->tokp, &in->model, &in->doc, prompt_cap, o->answer_len,
-                               &answer_sampler, b);
+        rc = read_user_prompts(o->prompts_text_path, in->tokp, o, in, &answer_sampler, b);
     if (rc == 0 && o->prompts_ids_path)
-        rc = read_user_prompts(o->prompts_ids_path, NULL, &in->model, &in->doc, prompt_cap, o->answer_len,
-                               &answer_sampler, b);
+        rc = read_user_prompts(o->prompts_ids_path, NULL, o, in, &answer_sampler, b);
     sampler_free(&answer_sampler);
     if (rc == 0 && b->set.n_prompts < 5) {
         fprintf(stderr, "error: %d prompts are too few for a train/held-out split (need 5)\n", b->set.n_prompts);
@@ -625,7 +653,7 @@ static int make_modules(const Options *o, const Inputs *in, ModuleSet *ms) {
         fprintf(stderr, "error: raise --rho (the document has %d tokens) or lower the depths\n", n_doc);
         goto done;
     }
-    ms->n_doc = n_doc; ms->rho = o->rho;
+    ms->n_doc = n_doc; ms->rho = o->rho; ms->chat = o->chat;
     ms->model_fingerprint = in->model.fingerprint; ms->doc_fingerprint = in->cache.fingerprint;
     long kv_entries = 2L * n_doc * d * L * G;
     FILE *info = o->json ? stderr : stdout;

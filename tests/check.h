@@ -47,7 +47,7 @@ static int check_close_f(const char *what, const float *got, const float *ref, s
     return ok;
 }
 
-static void fill_normal(float *x, size_t n, float std, uint64_t *rng) {
+static inline void fill_normal(float *x, size_t n, float std, uint64_t *rng) {
     for (size_t i = 0; i < n; i++) x[i] = std * rng_normal(rng);
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Expected ids for tests/test_bpe, from Hugging Face `tokenizers`.
 
-    python3 tests/make_bpe_fixtures.py MODEL.gguf OUTDIR [--dump-vocab FILE]
+    python3 tests/make_bpe_fixtures.py MODEL.gguf OUTDIR
 
 (needs the gguf and tokenizers packages; the committed fixtures were made
 with tokenizers 0.23.3 from SmolLM2-135M-Instruct.Q4_1.gguf into tests/data.)
@@ -26,11 +26,7 @@ alone) and a ByteLevel decoder. It writes into OUTDIR:
   to pin down how tokenizers orders merges, two overlapping control tokens)
   with its own cases, so the merge order is tested without the model.
 
---dump-vocab FILE writes the GGUF's pieces, types, merges and pre-tokenizer
-name in a simple binary form test_bpe reads (until it reads GGUF itself):
-"BPEVOCAB", then uint32 version 1, n_vocab, n_merges, len(pre), pre; per
-token int32 type, uint32 length, bytes; per merge uint32 length, bytes (all
-little-endian). The dump is never committed.
+tests/test_bpe reads the vocabulary from the same GGUF file itself.
 """
 import argparse
 import hashlib
@@ -266,28 +262,13 @@ def write_tiny(path):
         f.write("\n".join(lines) + "\n")
 
 
-def dump_vocab(path, pieces, types, merges, pre):
-    with open(path, "wb") as f:
-        pre_bytes = pre.encode("utf-8")
-        f.write(b"BPEVOCAB" + struct.pack("<4I", 1, len(pieces), len(merges), len(pre_bytes)) + pre_bytes)
-        for p, t in zip(pieces, types):
-            b = p.encode("utf-8")
-            f.write(struct.pack("<iI", t, len(b)) + b)
-        for m in merges:
-            b = m.encode("utf-8")
-            f.write(struct.pack("<I", len(b)) + b)
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
     ap.add_argument("outdir")
-    ap.add_argument("--dump-vocab", metavar="FILE")
     args = ap.parse_args()
     pieces, types, merges, pre = read_gguf(args.model)
     pieces, types, merges = list(pieces), [int(t) for t in types], list(merges)
-    if args.dump_vocab:
-        dump_vocab(args.dump_vocab, pieces, types, merges, pre)
     os.makedirs(args.outdir, exist_ok=True)
     write_cases(os.path.join(args.outdir, "bpe_cases.txt"), pieces, types, merges, CASES + random_texts(N_RANDOM))
     write_tiny(os.path.join(args.outdir, "bpe_tiny.txt"))

@@ -22,12 +22,18 @@ Writes into OUTDIR:
   gguf_llama.gguf    a tiny llama-shaped model (D 64, F 96, 2 layers, 4 heads,
                      2 KV heads, vocabulary 128 from tokenizer.ggml.tokens,
                      untied output.weight), seeded random weights in F32, F16
-                     and Q8_0
+                     and Q8_0; a byte-level tokenizer and a ChatML chat template
   gguf_mistral.gguf  the same shape as a "mistral" model (D 32, 1 layer, tied
                      embeddings) with no optional keys: the defaults apply
+  gguf_spm.gguf      a tiny llama model (D 32, 1 layer, tied) whose tokenizer
+                     is SentencePiece's ("llama": pieces with U+2581 for a
+                     space, scores, byte tokens at ids 3..258), converted from
+                     the project's tests/data/tok_test.bin (read from OUTDIR):
+                     the same text must give the same ids through either file
   gguf_*.expect      beside each model, "name value" lines: the
                      GgufLlamaConfig it must give
 """
+import struct
 import sys
 from pathlib import Path
 
@@ -186,7 +192,44 @@ MODELS = {
     "gguf_mistral": dict(arch="mistral", dim=32, hidden_dim=64, n_layers=1, n_heads=2, n_kv_heads=2,
                          vocab_size=32, context_length=64, rope_theta=10000.0, rms_eps=1e-5,
                          tied=True),
+    "gguf_spm": dict(arch="llama", dim=32, hidden_dim=64, n_layers=1, n_heads=2, n_kv_heads=2,
+                     vocab_size=654, context_length=64, rope_theta=10000.0, rms_eps=1e-5,
+                     tied=True),
 }
+
+
+CHATML_TEMPLATE = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+                   "{{ '<|im_start|>system\nYou are a tiny test model<|im_end|>\n' }}{% endif %}"
+                   "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+                   "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def read_tokenizer_bin(path):
+    """llama2.c's tokenizer.bin: int32 max length, then per token a float32
+    score, an int32 length and the bytes."""
+    data = Path(path).read_bytes()
+    at, pieces, scores = 4, [], []
+    while at < len(data):
+        score, length = struct.unpack_from("<fi", data, at)
+        pieces.append(data[at + 8:at + 8 + length].decode("utf-8"))
+        scores.append(score)
+        at += 8 + length
+    return pieces, scores
+
+
+def spm_tokenizer_metadata(outdir):
+    """tok_test.bin as a GGUF "llama" tokenizer: spaces written as U+2581,
+    control tokens 0..2, byte tokens 3..258 (type 6)."""
+    pieces, scores = read_tokenizer_bin(outdir / "tok_test.bin")
+    types = [3, 3, 3] + [6] * 256 + [1] * (len(pieces) - 259)
+    return [
+        ("tokenizer.ggml.model", "llama", V.STRING, None),
+        ("tokenizer.ggml.tokens", [p.replace(" ", "\u2581") for p in pieces], V.ARRAY, V.STRING),
+        ("tokenizer.ggml.scores", scores, V.ARRAY, V.FLOAT32),
+        ("tokenizer.ggml.token_type", types, V.ARRAY, V.INT32),
+        ("tokenizer.ggml.bos_token_id", 1, V.UINT32, None),
+        ("tokenizer.ggml.eos_token_id", 2, V.UINT32, None),
+    ]
 
 
 def model_tensors(c, rng):
@@ -215,9 +258,29 @@ def model_tensors(c, rng):
     return out
 
 
+def byte_level_vocab(V):
+    """A valid byte-level BPE vocabulary of V tokens, as GPT-2 writes its
+    pieces (G-breve for a space, C-dot for a newline): three control tokens,
+    single characters, and about a quarter of merged pieces of English
+    words, each merge "left right" of two pieces already there."""
+    chars = list("\u0120etaoinshrdlucmfwypvbgkqjxz\u010a") + [chr(c) for c in range(33, 127) if not chr(c).islower()]
+    words = ["\u0120the", "\u0120and", "\u0120that", "\u0120this", "ing", "tion", "\u0120of", "\u0120to",
+             "\u0120in", "\u0120it", "\u0120is", "\u0120was", "ed", "er", "es", "on", "at", "en", "or", "an"]
+    n_chars = V - 3 - (V - 3) // 4
+    pieces, merges = ["<unk>", "<s>", "</s>"] + chars[:n_chars], []
+    for word in words:                      # prefixes left to right: \u0120 t -> \u0120t, \u0120t h -> \u0120th
+        for k in range(2, len(word) + 1):
+            left, right = word[:k - 1], word[k - 1]
+            if len(pieces) < V and left in pieces and right in pieces and word[:k] not in pieces:
+                pieces.append(word[:k])
+                merges.append(f"{left} {right}")
+    pieces += chars[n_chars:n_chars + V - len(pieces)]
+    assert len(pieces) == V and merges
+    return pieces, merges
+
+
 def model_metadata(c):
     a, d = c["arch"], c["dim"] // c["n_heads"]
-    tokens = ["<unk>", "<s>", "</s>"] + [f"t{i}" for i in range(3, c["vocab_size"])]
     counts = [("block_count", c["n_layers"]), ("context_length", c["context_length"]),
               ("embedding_length", c["dim"]), ("feed_forward_length", c["hidden_dim"]),
               ("attention.head_count", c["n_heads"])]
@@ -230,16 +293,25 @@ def model_metadata(c):
     if not c["tied"]:
         metadata += [(f"{a}.rope.freq_base", c["rope_theta"], V.FLOAT32, None),
                      (f"{a}.attention.layer_norm_rms_epsilon", c["rms_eps"], V.FLOAT32, None)]
-    return metadata + [
+    return metadata
+
+
+def bpe_tokenizer_metadata(vocab_size):
+    tokens, merges = byte_level_vocab(vocab_size)
+    return [
         ("tokenizer.ggml.model", "gpt2", V.STRING, None),
         ("tokenizer.ggml.tokens", tokens, V.ARRAY, V.STRING),
-        ("tokenizer.ggml.token_type", [3, 3, 3] + [1] * (c["vocab_size"] - 3), V.ARRAY, V.INT32),
-        ("tokenizer.ggml.merges", ["t 1", "t1 0", "t 2"], V.ARRAY, V.STRING),
+        ("tokenizer.ggml.token_type", [3, 3, 3] + [1] * (vocab_size - 3), V.ARRAY, V.INT32),
+        ("tokenizer.ggml.merges", merges, V.ARRAY, V.STRING),
     ]
 
 
 def write_model(outdir, name, c, rng):
-    write_gguf(outdir / f"{name}.gguf", c["arch"], model_metadata(c), model_tensors(c, rng))
+    tokenizer = spm_tokenizer_metadata(outdir) if name == "gguf_spm" else bpe_tokenizer_metadata(c["vocab_size"])
+    if name == "gguf_llama":  # a ChatML template with a default system message, as SmolLM2's
+        tokenizer.append(("tokenizer.chat_template", CHATML_TEMPLATE, V.STRING, None))
+    metadata = model_metadata(c) + tokenizer
+    write_gguf(outdir / f"{name}.gguf", c["arch"], metadata, model_tensors(c, rng))
     expect = {k: v for k, v in c.items() if k not in ("arch", "tied")}
     expect.update(head_size=c["dim"] // c["n_heads"], tied_embeddings=int(c["tied"]))
     text = "".join(f"{k} {float(np.float32(v)):.9g}\n" if isinstance(v, float) else f"{k} {v}\n"

@@ -70,6 +70,26 @@ expect_error "absurd vocab size" "$bin/infer" -m "$tmp/huge.bin" -I "$tmp/prompt
 cp $model "$tmp/nan.bin" && poke "$tmp/nan.bin" $((28 + 4 * 960)) 2143289344  # a NaN in the token embedding
 expect_error "a NaN weight" "$bin/infer" -m "$tmp/nan.bin" -I "$tmp/prompt.ids"
 
+# GGUF files: the small Llama-shaped model of tests/data (the reader's own
+# cases, every kind of corrupt header, are in tests/test_gguf.c)
+gguf=tests/data/gguf_llama.gguf
+expect_ok "a valid GGUF run (text, the file's tokenizer)" "$bin/infer" -m $gguf -i "the cat" -n 3 -t 0
+head -c 20 $gguf > "$tmp/short.gguf"
+expect_error "GGUF shorter than its header" "$bin/infer" -m "$tmp/short.gguf" -I "$tmp/prompt.ids"
+head -c 60000 $gguf > "$tmp/trunc.gguf"
+expect_error "truncated GGUF (tensor data past the end)" "$bin/infer" -m "$tmp/trunc.gguf" -I "$tmp/prompt.ids"
+cp $gguf "$tmp/version.gguf"; poke "$tmp/version.gguf" 4 7
+expect_error "GGUF of version 7" "$bin/infer" -m "$tmp/version.gguf" -I "$tmp/prompt.ids"
+LC_ALL=C sed 's/llama/gemma/g' $gguf > "$tmp/arch.gguf"
+expect_error "GGUF of another architecture (gemma)" "$bin/infer" -m "$tmp/arch.gguf" -I "$tmp/prompt.ids"
+LC_ALL=C sed 's/tokenizer\.ggml\.merges/tokenizer.ggml.mergez/' $gguf > "$tmp/nomerges.gguf"
+expect_error "GGUF tokenizer without merges" "$bin/infer" -m "$tmp/nomerges.gguf" -i "the cat"
+LC_ALL=C sed 's/\(tokenizer\.ggml\.model.\{12\}\)gpt2/\1bert/' $gguf > "$tmp/tokmodel.gguf"
+expect_error "GGUF tokenizer of an unknown kind (bert)" "$bin/infer" -m "$tmp/tokmodel.gguf" -i "the cat"
+expect_error "--chat with a model without a chat template" "$bin/infer" -m tests/data/gguf_mistral.gguf --chat -i "the"
+expect_error "--chat with token ids" "$bin/infer" -m $gguf --chat -I "$tmp/prompt.ids"
+expect_error "a text the GGUF vocabulary cannot spell" "$bin/infer" -m $gguf -i "über"
+
 # tokens and lengths
 echo "1 20 99999" > "$tmp/big.ids"
 expect_error "token id out of range (prompt)" "$bin/infer" -m $model -I "$tmp/big.ids"

@@ -1,12 +1,13 @@
 /* test_bpe.c - the byte-level BPE tokenizer against Hugging Face tokenizers.
  *
- *     tests/test_bpe DATA_DIR [VOCAB]
+ *     tests/test_bpe DATA_DIR [SMOLLM2.gguf]
  *
  * DATA_DIR holds the fixtures tests/make_bpe_fixtures.py wrote with
  * tokenizers: bpe_classes.txt (the class of every code point), bpe_tiny.txt
  * (a small vocabulary with its cases) and bpe_cases.txt (SmolLM2's ids for
- * the test texts and the license files). VOCAB is SmolLM2's vocabulary as
- * that script's --dump-vocab writes it; without it those cases say SKIP.
+ * the test texts and the license files). SMOLLM2.gguf is the model file,
+ * whose vocabulary is read with gguf.c as the programs read it (make
+ * test-real gives it); without it those cases say SKIP.
  * Every case must give tokenizers' ids exactly and decode back to its text
  * byte for byte; bad input must be refused with one "error: " sentence.
  *
@@ -15,6 +16,7 @@
  * failure.
  */
 #include "../tokenizer_bpe.c"
+#include "../gguf.h"
 
 #include <errno.h>
 #include <time.h>
@@ -117,20 +119,21 @@ static int fixture_load(Fixture *fx, const char *dir, const char *name) {
 static void fixture_free(Fixture *fx) { free(fx->data); free(fx->lines); }
 
 /* ------------------------------------------------------------------------ */
-/* The vocabulary as bpe_init takes it. Read from the fixture script's dump  */
-/* for now; vocab_load is the one function to change to read a GGUF file.    */
+/* The vocabulary as bpe_init takes it: from a GGUF file's metadata (as the  */
+/* programs' tokenizer.c reads it), or from the tiny fixture.                */
 
 typedef struct {
     int n_vocab, n_merges;
     const char **pieces; size_t *piece_len; int32_t *types; /* (n_vocab) */
     const char **merges; size_t *merge_len;                 /* (n_merges) */
     char pre[64];
-    char *data; /* the file the strings point into */
+    GgufFile gguf;  /* the file the strings point into, when read from one */
 } Vocab;
 
 static void vocab_free(Vocab *v) {
     free(v->pieces); free(v->piece_len); free(v->types);
-    free(v->merges); free(v->merge_len); free(v->data);
+    free(v->merges); free(v->merge_len);
+    gguf_close(&v->gguf);
     memset(v, 0, sizeof *v);
 }
 
@@ -145,49 +148,32 @@ static int vocab_alloc(Vocab *v, int n_vocab, int n_merges) {
     return v->pieces && v->piece_len && v->types && v->merges && v->merge_len ? 0 : -1;
 }
 
-/* A little-endian uint32 at data[*at], if 4 bytes are left. */
-static int read_u32(const char *data, size_t n, size_t *at, uint32_t *value) {
-    if (n - *at < 4) return -1;
-    const unsigned char *p = (const unsigned char *)data + *at;
-    *value = p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-    *at += 4;
-    return 0;
-}
-
-/* A length-prefixed string at data[*at]: its start and length. */
-static int read_string(const char *data, size_t n, size_t *at, const char **s, size_t *len) {
-    uint32_t l;
-    if (read_u32(data, n, at, &l) < 0 || n - *at < l) return -1;
-    *s = data + *at;
-    *len = l;
-    *at += l;
-    return 0;
-}
-
-/* 1: loaded; 0: the file is absent; -1: it is malformed. */
+/* SmolLM2's pieces, token types and merges from the GGUF file at path: 1,
+ * or -1 when they cannot be read. */
 static int vocab_load(Vocab *v, const char *path) {
-    size_t n = 0, at = 8, pre_len = 0;
-    uint32_t version, n_vocab, n_merges, type;
-    const char *pre;
     memset(v, 0, sizeof *v);
-    if (!(v->data = read_whole_file(path, &n))) return 0;
-    if (n < 8 || memcmp(v->data, "BPEVOCAB", 8) || read_u32(v->data, n, &at, &version) || version != 1 ||
-        read_u32(v->data, n, &at, &n_vocab) || read_u32(v->data, n, &at, &n_merges) ||
-        n_vocab > (1u << 24) || n_merges > (1u << 24) || read_string(v->data, n, &at, &pre, &pre_len) ||
-        pre_len >= sizeof v->pre || vocab_alloc(v, (int)n_vocab, (int)n_merges) < 0)
-        goto bad;
-    memcpy(v->pre, pre, pre_len);
-    for (uint32_t i = 0; i < n_vocab; i++) {
-        if (read_u32(v->data, n, &at, &type) || read_string(v->data, n, &at, &v->pieces[i], &v->piece_len[i])) goto bad;
-        v->types[i] = (int32_t)type;
+    if (gguf_open(&v->gguf, path) != 0) return -1;
+    const GgufKV *tokens = gguf_get_array(&v->gguf, "tokenizer.ggml.tokens");
+    const GgufKV *types = gguf_get_array(&v->gguf, "tokenizer.ggml.token_type");
+    const GgufKV *merges = gguf_get_array(&v->gguf, "tokenizer.ggml.merges");
+    GgufString pre;
+    if (!tokens || !types || !merges || types->array_count != tokens->array_count ||
+        gguf_get_string(&v->gguf, "tokenizer.ggml.pre", &pre) || pre.len >= sizeof v->pre ||
+        vocab_alloc(v, (int)tokens->array_count, (int)merges->array_count) < 0)
+        return -1;
+    memcpy(v->pre, pre.ptr, pre.len);
+    for (int i = 0; i < v->n_vocab; i++) {
+        GgufString piece;
+        int64_t type;
+        if (gguf_array_string(tokens, i, &piece) || gguf_array_int(types, i, &type)) return -1;
+        v->pieces[i] = piece.ptr; v->piece_len[i] = piece.len; v->types[i] = (int32_t)type;
     }
-    for (uint32_t i = 0; i < n_merges; i++)
-        if (read_string(v->data, n, &at, &v->merges[i], &v->merge_len[i])) goto bad;
-    if (at == n) return 1;
-bad:
-    printf("  %s is not a vocabulary dump of version 1\n", path);
-    vocab_free(v);
-    return -1;
+    for (int i = 0; i < v->n_merges; i++) {
+        GgufString merge;
+        if (gguf_array_string(merges, i, &merge)) return -1;
+        v->merges[i] = merge.ptr; v->merge_len[i] = merge.len;
+    }
+    return 1;
 }
 
 /* The small vocabulary of bpe_tiny.txt: its piece and merge lines, in order
@@ -610,8 +596,8 @@ static void test_model(const char *dir, const char *vocab_path) {
     Vocab v;
     Fixture fx;
     int loaded = vocab_path ? vocab_load(&v, vocab_path) : 0;
-    if (loaded == 0) { printf("  SKIP: no vocabulary dump (tests/make_bpe_fixtures.py --dump-vocab)\n"); return; }
-    if (loaded < 0) { check("the vocabulary dump can be read", 0); return; }
+    if (loaded == 0) { printf("  SKIP: no model given (make test-real gives SmolLM2's GGUF file)\n"); return; }
+    if (loaded < 0) { check("the GGUF file's vocabulary can be read", 0); vocab_free(&v); return; }
     if (fixture_load(&fx, dir, "bpe_cases.txt") < 0) { check("bpe_cases.txt can be read", 0); vocab_free(&v); return; }
     const char *pres[] = {v.pre, strcmp(v.pre, "gpt2") ? "gpt2" : "smollm"}; /* the file's, then the other */
     for (int k = 0; k < 2; k++) {
@@ -632,7 +618,7 @@ static void test_model(const char *dir, const char *vocab_path) {
 
 int main(int argc, char **argv) {
     if (argc < 2 || argc > 3) {
-        fprintf(stderr, "usage: %s DATA_DIR [VOCAB_DUMP]\n", argv[0]);
+        fprintf(stderr, "usage: %s DATA_DIR [SMOLLM2.gguf]\n", argv[0]);
         return 1;
     }
     char digest[65];

@@ -282,7 +282,7 @@ static void test_width_is_largest_within_budget(void) {
 /* ------------------------------------------------------------------------ */
 /* The transformer                                                          */
 
-static Config small_gqa = {64, 160, 3, 8, 2, 97, 128};
+static Config small_gqa = {64, 160, 3, 8, 2, 97, 128, LLAMA2C_ROPE_THETA, LLAMA2C_NORM_EPS};
 
 /* Oracle equivalence: quadrature modules with p = n, W = K, Z = V return the
  * exact document state, so the Nectar forward must give the logits of the
@@ -521,7 +521,7 @@ static void test_op_backward_matches_finite_differences(void) {
     fill_normal(x, N, 1.0f, &rng);
     fill_normal(w, N, 1.0f, &rng);
     fill_normal(dout, N, 1.0f, &rng);
-    rmsnorm_backward(dx, dw, x, w, dout, N);
+    rmsnorm_backward(dx, dw, x, w, dout, N, 1e-5f);
     double fdx[N], fdw[N], h = 1e-6;
     for (int which = 0; which < 2; which++)
         for (int j = 0; j < N; j++) {
@@ -540,12 +540,12 @@ static void test_op_backward_matches_finite_differences(void) {
     check_close("rmsnorm backward dx", dx, fdx, N, 1e-5, 1e-4);
     check_close("rmsnorm backward dw", dw, fdw, N, 1e-5, 1e-4);
 
-    /* RoPE: the backward is the rotation by minus the angle */
+    /* RoPE: the backward is the rotation by minus the angle (base 100000, as SmolLM2's) */
     float v[N], g[N], gr[N];
     fill_normal(v, N, 1.0f, &rng);
     fill_normal(g, N, 1.0f, &rng);
     memcpy(gr, g, sizeof g);
-    rope(gr, N, 8, 37, -1.0f);
+    rope(gr, N, 8, 37, 100000.0f, -1.0f);
     double fdr[N];
     for (int j = 0; j < N; j++) {
         double L[2];
@@ -555,7 +555,7 @@ static void test_op_backward_matches_finite_differences(void) {
             vv[j] += sgn ? -h : h;
             L[sgn] = 0;
             for (int i = 0; i < N; i += 2) {
-                double a = 37.0 / pow(10000.0, (i % 8) / 8.0);
+                double a = 37.0 / pow(100000.0, (i % 8) / 8.0);
                 L[sgn] += g[i] * (vv[i] * cos(a) - vv[i + 1] * sin(a)) + g[i + 1] * (vv[i] * sin(a) + vv[i + 1] * cos(a));
             }
         }

@@ -22,8 +22,8 @@
 #include <string.h>
 
 extern "C" {  /* tests/test_cuda_ref.c: nectar.c's static row-wise ops */
-void ref_rmsnorm(float *o, const float *x, const float *w, int n);
-void ref_rope(float *vec, int n, int head_size, int pos, float direction);
+void ref_rmsnorm(float *o, const float *x, const float *w, int n, float eps);
+void ref_rope(float *vec, int n, int head_size, int pos, float theta, float direction);
 void ref_swiglu(float *hgate, const float *hb, const float *hb2, size_t n);
 }
 
@@ -56,21 +56,21 @@ static float *download(const float *dev, size_t n) {
 /* ------------------------------------------------------------------------ */
 /* Row-wise and elementwise ops                                             */
 
-/* x_std 1e-3 makes mean(x^2) small next to the 1e-5 under the root. */
-static void test_rmsnorm_matches_cpu(int rows, int n, float x_std) {
+/* x_std 1e-3 makes mean(x^2) small next to the eps under the root. */
+static void test_rmsnorm_matches_cpu(int rows, int n, float x_std, float eps) {
     char what[128];
     uint64_t rng = 11 + rows + n;
     float *x = host_floats((size_t)rows * n), *w = host_floats(n), *ref = host_floats((size_t)rows * n);
     fill_normal(x, (size_t)rows * n, x_std, &rng);
     fill_normal(w, n, 1.0f, &rng);
-    for (int r = 0; r < rows; r++) ref_rmsnorm(ref + (size_t)r * n, x + (size_t)r * n, w, n);
+    for (int r = 0; r < rows; r++) ref_rmsnorm(ref + (size_t)r * n, x + (size_t)r * n, w, n, eps);
     float *x_d = upload(x, (size_t)rows * n), *w_d = upload(w, n), *o_d = device_nan((size_t)rows * n);
-    rmsnorm_cuda(o_d, x_d, w_d, rows, n);
+    rmsnorm_cuda(o_d, x_d, w_d, rows, n, eps);
     float *got = download(o_d, (size_t)rows * n);
-    snprintf(what, sizeof(what), "rmsnorm %d rows x %d, x std %g", rows, n, x_std);
+    snprintf(what, sizeof(what), "rmsnorm %d rows x %d, x std %g, eps %g", rows, n, x_std, eps);
     check_close_f(what, got, ref, (size_t)rows * n, 1e-5, 1e-4);
     free(got);
-    rmsnorm_cuda(x_d, x_d, w_d, rows, n);  /* in place, as o may alias x */
+    rmsnorm_cuda(x_d, x_d, w_d, rows, n, eps);  /* in place, as o may alias x */
     got = download(x_d, (size_t)rows * n);
     snprintf(what, sizeof(what), "rmsnorm %d rows x %d, in place", rows, n);
     check_close_f(what, got, ref, (size_t)rows * n, 1e-5, 1e-4);
@@ -79,7 +79,8 @@ static void test_rmsnorm_matches_cpu(int rows, int n, float x_std) {
 }
 
 /* rows of n = n_heads * head_size floats, stride n + pad (the pad must stay untouched). */
-static void test_rope_matches_cpu(int rows, int n_heads, int head_size, int pad, int pos, float direction) {
+static void test_rope_matches_cpu(int rows, int n_heads, int head_size, int pad, int pos, float theta,
+                                  float direction) {
     char what[128];
     int n = n_heads * head_size, ld = n + pad;
     size_t size = (size_t)rows * ld;
@@ -87,14 +88,14 @@ static void test_rope_matches_cpu(int rows, int n_heads, int head_size, int pad,
     float *x = host_floats(size), *ref = host_floats(size);
     fill_normal(x, size, 1.0f, &rng);
     memcpy(ref, x, size * sizeof(float));
-    for (int t = 0; t < rows; t++) ref_rope(ref + (size_t)t * ld, n, head_size, pos + t, direction);
+    for (int t = 0; t < rows; t++) ref_rope(ref + (size_t)t * ld, n, head_size, pos + t, theta, direction);
     float *x_d = upload(x, size);
-    rope_cuda(x_d, rows, ld, n, head_size, pos, direction);
+    rope_cuda(x_d, rows, ld, n, head_size, pos, theta, direction);
     float *got = download(x_d, size);
-    snprintf(what, sizeof(what), "rope %d rows x %d heads of %d, stride %d, pos %d, dir %+g",
-             rows, n_heads, head_size, ld, pos, direction);
+    snprintf(what, sizeof(what), "rope %d rows x %d heads of %d, stride %d, pos %d, theta %g, dir %+g",
+             rows, n_heads, head_size, ld, pos, theta, direction);
     check_close_f(what, got, ref, size, 1e-5, 1e-4);
-    rope_cuda(x_d, rows, ld, n, head_size, pos, -direction);  /* and back */
+    rope_cuda(x_d, rows, ld, n, head_size, pos, theta, -direction);  /* and back */
     free(got);
     got = download(x_d, size);
     snprintf(what, sizeof(what), "rope then rope back == input (%d rows, pos %d)", rows, pos);
@@ -626,14 +627,16 @@ int main(void) {
     printf("device: %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
 
     printf("rmsnorm, rope, swiglu\n");
-    test_rmsnorm_matches_cpu(37, 37, 2.0f);
-    test_rmsnorm_matches_cpu(37, 288, 2.0f);
-    test_rmsnorm_matches_cpu(37, 288, 1e-3f);  /* the 1e-5 matters */
-    test_rmsnorm_matches_cpu(128, 4096, 2.0f);
-    test_rope_matches_cpu(37, 3, 16, 0, 0, 1.0f);
-    test_rope_matches_cpu(37, 5, 32, 7, 4000, 1.0f);     /* strided rows, a far position */
-    test_rope_matches_cpu(128, 8, 64, 0, 1000, -1.0f);   /* rotating back */
-    test_rope_matches_cpu(128, 2, 128, 0, 4096, 1.0f);   /* a KV row */
+    test_rmsnorm_matches_cpu(37, 37, 2.0f, 1e-5f);
+    test_rmsnorm_matches_cpu(37, 288, 2.0f, 1e-5f);
+    test_rmsnorm_matches_cpu(37, 288, 1e-3f, 1e-5f);  /* the eps matters */
+    test_rmsnorm_matches_cpu(37, 288, 1e-3f, 1e-6f);
+    test_rmsnorm_matches_cpu(128, 4096, 2.0f, 1e-5f);
+    test_rope_matches_cpu(37, 3, 16, 0, 0, 10000.0f, 1.0f);
+    test_rope_matches_cpu(37, 5, 32, 7, 4000, 10000.0f, 1.0f);     /* strided rows, a far position */
+    test_rope_matches_cpu(128, 8, 64, 0, 1000, 10000.0f, -1.0f);   /* rotating back */
+    test_rope_matches_cpu(128, 2, 128, 0, 4096, 10000.0f, 1.0f);   /* a KV row */
+    test_rope_matches_cpu(37, 9, 64, 0, 7600, 100000.0f, 1.0f);    /* SmolLM2's heads and base, a far position */
     test_swiglu_matches_cpu(37 * 113);
     test_swiglu_matches_cpu((size_t)128 * 11008);
 
@@ -693,9 +696,9 @@ int main(void) {
     test_fit_matches_cpu(ARCH_QUAD, 16, 13, 9, 12, 2.0f, 0.95f);  /* pretraining's beta2 */
 
     printf("forward pass: prefill, exact / Nectar / no-document decode\n");
-    Config small = {64, 96, 2, 4, 2, 67, 256};    /* GQA 2, odd vocabulary */
-    Config mha = {48, 80, 3, 3, 3, 37, 256};      /* GQA 1, head size 16 */
-    Config wide = {256, 512, 4, 8, 2, 512, 2048}; /* GQA 4, head size 32 */
+    Config small = {64, 96, 2, 4, 2, 67, 256, LLAMA2C_ROPE_THETA, LLAMA2C_NORM_EPS};    /* GQA 2, odd vocabulary */
+    Config mha = {48, 80, 3, 3, 3, 37, 256, LLAMA2C_ROPE_THETA, LLAMA2C_NORM_EPS};      /* GQA 1, head size 16 */
+    Config wide = {256, 512, 4, 8, 2, 512, 2048, 100000.0f, 1e-6f}; /* GQA 4, head size 32, SmolLM2's theta */
     test_forward_matches_cpu(small, 37, 16, 5, 6);
     test_forward_matches_cpu(mha, 17, 17, 3, 4);
     test_forward_matches_cpu(wide, 1100, 256, 33, 16);

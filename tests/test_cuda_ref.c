@@ -3,10 +3,10 @@
  * entry points to the static row-wise ops the CUDA kernels mirror. */
 #include "../nectar.c"
 
-void ref_rmsnorm(float *o, const float *x, const float *w, int n) { rmsnorm(o, x, w, n); }
+void ref_rmsnorm(float *o, const float *x, const float *w, int n, float eps) { rmsnorm(o, x, w, n, eps); }
 
-void ref_rope(float *vec, int n, int head_size, int pos, float direction) {
-    rope(vec, n, head_size, pos, direction);
+void ref_rope(float *vec, int n, int head_size, int pos, float theta, float direction) {
+    rope(vec, n, head_size, pos, theta, direction);
 }
 
 /* The SwiGLU line of layer_forward: hgate = SiLU(hb) * hb2 */

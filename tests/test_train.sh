@@ -144,5 +144,37 @@ expect_refusal "train on a model file that is not one" "out of range" \
 expect_refusal "train with a rho too small for one unit" "budget is too small" \
     train -o "$tmp/z.nectar" --rho 0.0001
 
+# GGUF models: the same programs on the small Llama-shaped model of
+# tests/data (its byte-level tokenizer from the file; no -z); modules fitted
+# to it are refused for another model; a GGUF SentencePiece tokenizer gives
+# the ids of the tokenizer.bin it was converted from
+gguf=tests/data/gguf_llama.gguf
+printf 'The cat is on the mat. That was it.\nAnd the dog ate the hat in the house.\n' > "$tmp/doc.txt"
+"$bin/train" -m $gguf -d "$tmp/doc.txt" -o "$tmp/gguf.nectar" --steps 100 --n-prompts 30 --prompt-len 12 \
+    --json > "$tmp/gguf.json" 2> "$tmp/log" || cat "$tmp/log"
+if [ -s "$tmp/gguf.nectar" ]; then ok "train on a GGUF model and a text document"; else fail "train on a GGUF model"; fi
+got=$("$bin/infer" -m $gguf -d "$tmp/doc.txt" -k "$tmp/gguf.nectar" --eval --json 2> "$tmp/log")
+[ -n "$got" ] && ok "infer --eval of its modules on the GGUF model" || { fail "infer --eval on a GGUF model"; cat "$tmp/log"; }
+expect_refusal "modules fitted to a GGUF model refused for another" "different model" \
+    "$bin/infer" -m tests/data/gguf_mistral.gguf -k "$tmp/gguf.nectar" -i "the"
+expect_refusal "modules fitted without --chat are refused with --chat" "drop --chat" \
+    "$bin/infer" -m $gguf -k "$tmp/gguf.nectar" --chat -i "the"
+"$bin/train" -m $gguf -d "$tmp/doc.txt" --chat -o "$tmp/chat.nectar" --steps 20 --n-prompts 20 --prompt-len 12 \
+    > /dev/null 2> "$tmp/log" || cat "$tmp/log"
+chat_ids=$("$bin/infer" --encode -m $gguf --chat -i "Where is the cat?")
+case "$chat_ids" in "$("$bin/infer" --encode -m $gguf -i "<|im_start|>system")"*) ok "--chat: the turn starts with the template's system message" ;;
+    *) fail "--chat framing: '$chat_ids'" ;; esac
+got=$("$bin/infer" -m $gguf -d "$tmp/doc.txt" -k "$tmp/chat.nectar" --chat -i "Where is the cat?" --compare -t 0 -n 4 2> "$tmp/log")
+[ -n "$got" ] && ok "--chat: modules fitted to a chat turn generate (--compare)" || { fail "--chat --compare"; cat "$tmp/log"; }
+expect_refusal "modules fitted with --chat are refused without it" "add --chat" \
+    "$bin/infer" -m $gguf -k "$tmp/chat.nectar" -i "the"
+same=1
+for text in "the cat sat" "Hello, wörld! 123" "two
+lines" "€ 😀"; do
+    a=$("$bin/infer" --encode -m tests/data/gguf_spm.gguf -i "$text") b=$("$bin/infer" --encode -z tests/data/tok_test.bin -i "$text")
+    [ -n "$a" ] && [ "$a" = "$b" ] || { same=0; echo "    '$text': GGUF '$a', tokenizer.bin '$b'"; }
+done
+[ $same -eq 1 ] && ok "a GGUF SentencePiece tokenizer encodes as its tokenizer.bin" || fail "GGUF SentencePiece ids"
+
 echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]
