@@ -533,7 +533,7 @@ const Document NO_DOCUMENT = {DOC_EXACT, 0, NULL, NULL};
 /* The table of every buffer: shapes as in nectar.h. */
 static int forward_buffers(RunState *s, const Config *c, RunBuffer *t) {
     size_t B = s->max_block, D = c->dim, F = c->hidden_dim, H = c->n_heads, L = c->n_layers;
-    size_t KVD = (size_t)c->dim / c->n_heads * c->n_kv_heads, C = s->capacity;
+    size_t KVD = (size_t)c->dim / c->n_heads * c->n_kv_heads, C = (size_t)s->n_seqs * s->capacity;
     size_t keys = s->max_doc > s->capacity ? s->max_doc : s->capacity, M = s->with_modules;
     RunBuffer list[] = {
         {&s->x, B * D}, {&s->xb, B * D}, {&s->q, B * D}, {&s->k, B * KVD}, {&s->v, B * KVD},
@@ -584,10 +584,15 @@ static void alloc_buffers(RunState *s, const Config *c, BufferGroup group) {
 }
 
 void runstate_alloc(RunState *s, const Model *m, const Document *doc, int max_block, int capacity) {
+    runstate_alloc_seqs(s, m, doc, max_block, capacity, 1);
+}
+
+void runstate_alloc_seqs(RunState *s, const Model *m, const Document *doc, int max_block, int capacity, int n_seqs) {
     memset(s, 0, sizeof(*s));
     const Config *c = &m->config;
     s->max_block = max_block;
     s->capacity = capacity;
+    s->n_seqs = n_seqs;
     s->max_doc = doc && doc->mode == DOC_EXACT && doc->cache ? doc->cache->n : 0;
     s->with_modules = doc && doc->mode == DOC_NECTAR;
     alloc_buffers(s, c, BUFFERS_FORWARD);
@@ -647,17 +652,25 @@ static void rope(float *vec, int n, int head_size, int pos, float theta, float d
     }
 }
 
-/* The local tokens' state: causal attention of the block's queries over the
- * local keys cached so far, including their own. */
-static void local_states(const Model *m, RunState *s, int l, int ntok, int pos) {
+/* Where sequence seq's local keys (or values) of layer l start in the local
+ * cache, (L, S, capacity, KVD). */
+static size_t local_cache_at(const RunState *s, int l, int seq, int kv_dim) {
+    return ((size_t)l * s->n_seqs + seq) * s->capacity * kv_dim;
+}
+
+/* The local tokens' state: causal attention of each segment's queries over
+ * its own sequence's local keys cached so far, including their own. */
+static void local_states(const Model *m, RunState *s, int l, const Segment *seg, int n_segs) {
     const Config *c = &m->config;
-    int d = c->dim / c->n_heads, KVD = d * c->n_kv_heads, group = c->n_heads / c->n_kv_heads;
-    size_t layer = (size_t)l * s->capacity * KVD;
-    for (int h = 0; h < c->n_heads; h++) {
-        size_t kv = layer + (size_t)(h / group) * d;
-        attention_states(ntok, pos + ntok, d, s->q + h * d, c->dim, s->key_cache + kv,
-                         s->value_cache + kv, KVD, pos + 1, s->loc_A + h * d, c->dim,
-                         s->loc_lse + h, c->n_heads, s->scores);
+    int D = c->dim, d = D / c->n_heads, KVD = d * c->n_kv_heads, group = c->n_heads / c->n_kv_heads;
+    for (int k = 0, r = 0; k < n_segs; r += seg[k].ntok, k++) {
+        size_t layer = local_cache_at(s, l, seg[k].seq, KVD), row = (size_t)r * D;
+        for (int h = 0; h < c->n_heads; h++) {
+            size_t kv = layer + (size_t)(h / group) * d;
+            attention_states(seg[k].ntok, seg[k].pos + seg[k].ntok, d, s->q + row + h * d, D, s->key_cache + kv,
+                             s->value_cache + kv, KVD, seg[k].pos + 1, s->loc_A + row + h * d, D,
+                             s->loc_lse + (size_t)r * c->n_heads + h, c->n_heads, s->scores);
+        }
     }
 }
 
@@ -705,20 +718,43 @@ static void merge_rows(const Model *m, RunState *s, int ntok) {
 /* The two attention paths, side by side: they differ in one line only,
  * where the document's state (A, lse) comes from. Their backward twins
  * below differ in the same line. */
-static void attention_exact(const Model *m, RunState *s, const Document *doc, int l, int ntok, int pos) {
+static void attention_exact(const Model *m, RunState *s, const Document *doc, int l, const Segment *seg,
+                            int n_segs, int ntok) {
     document_states_exact(m, s, doc->cache, l, ntok);     /* the document's KV cache */
-    local_states(m, s, l, ntok, pos);
+    local_states(m, s, l, seg, n_segs);
     merge_rows(m, s, ntok);
 }
 
-static void attention_nectar(const Model *m, RunState *s, const Document *doc, int l, int ntok, int pos) {
+static void attention_nectar(const Model *m, RunState *s, const Document *doc, int l, const Segment *seg,
+                             int n_segs, int ntok) {
     document_states_nectar(m, s, doc->modules, l, ntok);  /* the document's modules */
-    local_states(m, s, l, ntok, pos);
+    local_states(m, s, l, seg, n_segs);
     merge_rows(m, s, ntok);
 }
 
-/* One transformer layer over the block: s->x (ntok, D) in, s->x out. */
-static void layer_forward(const Model *m, RunState *s, const Document *doc, int l, int ntok, int pos) {
+/* The block's keys and queries rotated at their positions (local tokens
+ * follow the document), and its keys and values into their sequences'
+ * local caches. */
+static void rotate_and_cache(const Model *m, RunState *s, const Document *doc, int l, const Segment *seg,
+                             int n_segs) {
+    const Config *c = &m->config;
+    int D = c->dim, d = D / c->n_heads, KVD = d * c->n_kv_heads;
+    for (int k = 0, r = 0; k < n_segs; r += seg[k].ntok, k++) {
+        for (int t = 0; t < seg[k].ntok; t++) {
+            int position = doc->n + seg[k].pos + t;
+            rope(s->q + (size_t)(r + t) * D, D, d, position, c->rope_theta, 1.0f);
+            rope(s->k + (size_t)(r + t) * KVD, KVD, d, position, c->rope_theta, 1.0f);
+        }
+        size_t cache_row = local_cache_at(s, l, seg[k].seq, KVD) + (size_t)seg[k].pos * KVD;
+        memcpy(s->key_cache + cache_row, s->k + (size_t)r * KVD, (size_t)seg[k].ntok * KVD * sizeof(float));
+        memcpy(s->value_cache + cache_row, s->v + (size_t)r * KVD, (size_t)seg[k].ntok * KVD * sizeof(float));
+    }
+}
+
+/* One transformer layer over the block's ntok rows (the segments' tokens
+ * one after another): s->x (ntok, D) in, s->x out. */
+static void layer_forward(const Model *m, RunState *s, const Document *doc, int l, const Segment *seg, int n_segs,
+                          int ntok) {
     const Config *c = &m->config;
     const Weights *w = &m->w;
     int D = c->dim, F = c->hidden_dim, d = D / c->n_heads, KVD = d * c->n_kv_heads;
@@ -728,17 +764,10 @@ static void layer_forward(const Model *m, RunState *s, const Document *doc, int 
     matmul(ntok, D, D, s->xb, w->wq + (size_t)l * D * D, 0.0f, s->q);
     matmul(ntok, D, KVD, s->xb, w->wk + (size_t)l * KVD * D, 0.0f, s->k);
     matmul(ntok, D, KVD, s->xb, w->wv + (size_t)l * KVD * D, 0.0f, s->v);
-    for (int t = 0; t < ntok; t++) {
-        int position = doc->n + pos + t;  /* local tokens follow the document */
-        rope(s->q + (size_t)t * D, D, d, position, c->rope_theta, 1.0f);
-        rope(s->k + (size_t)t * KVD, KVD, d, position, c->rope_theta, 1.0f);
-    }
-    size_t cache_row = ((size_t)l * s->capacity + pos) * KVD;
-    memcpy(s->key_cache + cache_row, s->k, (size_t)ntok * KVD * sizeof(float));
-    memcpy(s->value_cache + cache_row, s->v, (size_t)ntok * KVD * sizeof(float));
+    rotate_and_cache(m, s, doc, l, seg, n_segs);
 
-    if (doc->mode == DOC_NECTAR) attention_nectar(m, s, doc, l, ntok, pos);
-    else attention_exact(m, s, doc, l, ntok, pos);
+    if (doc->mode == DOC_NECTAR) attention_nectar(m, s, doc, l, seg, n_segs, ntok);
+    else attention_exact(m, s, doc, l, seg, n_segs, ntok);
     if (s->taps.q) {
         size_t row = (size_t)l * s->max_block;
         memcpy(s->taps.q + row * D, s->q, (size_t)ntok * D * sizeof(float));
@@ -759,13 +788,9 @@ static void layer_forward(const Model *m, RunState *s, const Document *doc, int 
     matmul(ntok, F, D, s->hgate, w->w2 + (size_t)l * D * F, 1.0f, s->x);
 }
 
-int forward_check(const Model *m, const RunState *s, const Document *doc, const int *tokens, int ntok, int pos) {
-    if (ntok < 1 || ntok > s->max_block || pos < 0 || pos + ntok > s->capacity) {
-        fprintf(stderr, "error: %d tokens at local position %d do not fit the run state "
-                "(block %d, capacity %d)\n", ntok, pos, s->max_block, s->capacity);
-        return -1;
-    }
-    if (check_tokens(m, tokens, ntok, "forward") != 0) return -1;
+/* The document's checks of forward_check: its length is its cache's or
+ * modules', and the run state was sized for it. */
+static int document_check(const RunState *s, const Document *doc) {
     int doc_n = doc->mode == DOC_NECTAR ? doc->modules->n_doc : doc->cache ? doc->cache->n : 0;
     if (doc->n != doc_n) {
         fprintf(stderr, "error: the document is %d tokens, but its %s stands for %d\n", doc->n,
@@ -780,28 +805,88 @@ int forward_check(const Model *m, const RunState *s, const Document *doc, const 
     return 0;
 }
 
-int forward(const Model *m, RunState *s, const Document *doc, const int *tokens, int ntok, int pos,
-            int logits) {
+/* A segment fits its sequence's local cache, and its ids the vocabulary. */
+static int segment_check(const Model *m, const RunState *s, const Segment *seg) {
+    if (seg->ntok < 1 || seg->seq < 0 || seg->seq >= s->n_seqs || seg->pos < 0 || seg->pos + seg->ntok > s->capacity) {
+        fprintf(stderr, "error: %d tokens at local position %d of sequence %d do not fit the run state "
+                "(block %d, capacity %d, %d sequences)\n", seg->ntok, seg->pos, seg->seq, s->max_block, s->capacity,
+                s->n_seqs);
+        return -1;
+    }
+    return check_tokens(m, seg->tokens, seg->ntok, "forward");
+}
+
+int forward_check(const Model *m, const RunState *s, const Document *doc, const int *tokens, int ntok, int pos) {
+    Segment one = {tokens, ntok, 0, pos};
+    if (ntok > s->max_block) {
+        fprintf(stderr, "error: %d tokens at local position %d do not fit the run state "
+                "(block %d, capacity %d)\n", ntok, pos, s->max_block, s->capacity);
+        return -1;
+    }
+    return segment_check(m, s, &one) != 0 ? -1 : document_check(s, doc);
+}
+
+/* logits (rows, V) = rmsnorm(x) Wcls^T for the block's rows at[0..n) (NULL:
+ * rows out .. out + n - 1), into the n rows of s->logits from row `out` on. */
+static void block_logits(const Model *m, RunState *s, const int *at, int n, int out) {
     const Config *c = &m->config;
     int D = c->dim;
-    if (forward_check(m, s, doc, tokens, ntok, pos) != 0) return -1;
-    s->block_pos = pos;
-    s->block_ntok = ntok;
-    for (int t = 0; t < ntok; t++)
-        memcpy(s->x + (size_t)t * D, m->w.token_embedding + (size_t)tokens[t] * D, D * sizeof(float));
+    for (int k = 0; k < n; k++)
+        rmsnorm(s->xb + (size_t)(out + k) * D, s->x + (size_t)(at ? at[k] : out + k) * D, m->w.rms_final, D,
+                c->norm_eps);
+    matmul(n, D, c->vocab_size, s->xb + (size_t)out * D, m->w.wcls, 0.0f, s->logits + (size_t)out * c->vocab_size);
+}
+
+/* The layers over the block's rows (the segments' tokens one after
+ * another), keeping each layer's input when backward is enabled. */
+static void run_layers(const Model *m, RunState *s, const Document *doc, const Segment *seg, int n_segs, int ntok) {
+    const Config *c = &m->config;
+    int D = c->dim;
+    for (int k = 0, r = 0; k < n_segs; r += seg[k].ntok, k++)
+        for (int t = 0; t < seg[k].ntok; t++)
+            memcpy(s->x + (size_t)(r + t) * D, m->w.token_embedding + (size_t)seg[k].tokens[t] * D, D * sizeof(float));
     for (int l = 0; l < c->n_layers; l++) {
         float *saved = s->back.saved_x;  /* kept for backward: layer l's input */
         if (saved) memcpy(saved + (size_t)l * s->max_block * D, s->x, (size_t)ntok * D * sizeof(float));
-        layer_forward(m, s, doc, l, ntok, pos);
+        layer_forward(m, s, doc, l, seg, n_segs, ntok);
     }
     if (s->back.saved_x)
         memcpy(s->back.saved_x + (size_t)c->n_layers * s->max_block * D, s->x, (size_t)ntok * D * sizeof(float));
+}
+
+int forward(const Model *m, RunState *s, const Document *doc, const int *tokens, int ntok, int pos,
+            int logits) {
+    if (forward_check(m, s, doc, tokens, ntok, pos) != 0) return -1;
+    Segment one = {tokens, ntok, 0, pos};
+    s->block_pos = pos;
+    s->block_ntok = ntok;
+    run_layers(m, s, doc, &one, 1, ntok);
+    if (logits == LOGITS_ALL) block_logits(m, s, NULL, ntok, 0);
+    if (logits == LOGITS_LAST) block_logits(m, s, NULL, 1, ntok - 1);
+    return 0;
+}
+
+int forward_segments(const Model *m, RunState *s, const Document *doc, const Segment *seg, int n_segs, int logits) {
+    int rows = 0;
+    for (int k = 0; k < n_segs; k++) {
+        if (segment_check(m, s, &seg[k]) != 0) return -1;
+        rows += seg[k].ntok;
+    }
+    if (n_segs < 1 || rows > s->max_block) {
+        fprintf(stderr, "error: %d segments of %d tokens in all do not fit a block of %d\n", n_segs, rows,
+                s->max_block);
+        return -1;
+    }
+    if (document_check(s, doc) != 0) return -1;
+    s->block_pos = n_segs == 1 ? seg[0].pos : -1;  /* backward takes one segment from position 0 */
+    s->block_ntok = rows;
+    run_layers(m, s, doc, seg, n_segs, rows);
     if (logits == LOGITS_NONE) return 0;
-    int first = logits == LOGITS_ALL ? 0 : ntok - 1, rows = ntok - first;
-    for (int t = first; t < ntok; t++)
-        rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, m->w.rms_final, D, c->norm_eps);
-    /* logits (rows, V) = xb Wcls^T */
-    matmul(rows, D, c->vocab_size, s->xb + (size_t)first * D, m->w.wcls, 0.0f, s->logits + (size_t)first * c->vocab_size);
+    int *at = xmalloc((logits == LOGITS_ALL ? rows : n_segs) * sizeof(int)), n = 0;
+    for (int k = 0, r = 0; k < n_segs; r += seg[k].ntok, k++)
+        for (int t = logits == LOGITS_ALL ? 0 : seg[k].ntok - 1; t < seg[k].ntok; t++) at[n++] = r + t;
+    block_logits(m, s, at, n, 0);
+    free(at);
     return 0;
 }
 
@@ -818,7 +903,7 @@ static void local_states_backward(const Model *m, RunState *s, int l, int ntok) 
     memset(b->dq, 0, (size_t)ntok * D * sizeof(float));
     memset(b->dk, 0, (size_t)ntok * KVD * sizeof(float));
     memset(b->dv, 0, (size_t)ntok * KVD * sizeof(float));
-    size_t layer = (size_t)l * s->capacity * KVD;
+    size_t layer = local_cache_at(s, l, 0, KVD);
     for (int h = 0; h < H; h++) {
         size_t kv = layer + (size_t)(h / group) * d;
         attention_states(ntok, ntok, d, s->q + h * d, D, s->key_cache + kv, s->value_cache + kv, KVD, 1,
@@ -935,7 +1020,8 @@ static void layer_backward(const Model *m, RunState *s, const Document *doc, int
     int D = c->dim, H = c->n_heads, d = D / H, KVD = d * c->n_kv_heads;
     const float *x_in = b->saved_x + (size_t)l * s->max_block * D;
     memcpy(s->x, x_in, (size_t)ntok * D * sizeof(float));
-    layer_forward(m, s, doc, l, ntok, 0);
+    Segment block = {NULL, ntok, 0, 0};  /* the forward's one block, recomputed (its tokens are not needed) */
+    layer_forward(m, s, doc, l, &block, 1, ntok);
     ffn_backward(m, s, l, ntok, dw);
     /* x_mid = x + att Wo^T */
     input_grad(ntok, D, D, b->dx_mid, w->wo + (size_t)l * D * D, 0.0f, b->datt);

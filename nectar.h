@@ -312,7 +312,8 @@ typedef struct {
 /* The forward buffers of a block of up to B tokens, the local KV cache, and
  * the optional taps and backward buffers. */
 typedef struct {
-    int max_block, capacity, max_doc;  /* B, local tokens cached, n */
+    int max_block, capacity, max_doc;  /* B, local tokens cached per sequence, n */
+    int n_seqs;                        /* S: sequences with a local cache of their own */
     int with_modules;                  /* sized for a document's modules (DOC_NECTAR) */
     float *x;       /* (B, D) residual stream */
     float *xb;      /* (B, D) rmsnorm(x) before attention (and before the classifier) */
@@ -331,8 +332,8 @@ typedef struct {
     float *hgate;   /* (B, F) SiLU(hb) * hb2 */
     float *scores;  /* (B, max(n, capacity)) */
     float *logits;  /* (B, V) */
-    float *key_cache;   /* (L, capacity, KVD) local keys, rotated */
-    float *value_cache; /* (L, capacity, KVD) */
+    float *key_cache;   /* (L, S, capacity, KVD) local keys, rotated */
+    float *value_cache; /* (L, S, capacity, KVD) */
     float *mq;          /* (B * H, d) queries gathered per module (DOC_NECTAR) */
     float *ma;          /* (B * H) module scores */
     float *mA;          /* (B * H, d) module targets */
@@ -351,6 +352,9 @@ typedef struct { float **buf; size_t floats; } RunBuffer;
 enum { MAX_RUN_BUFFERS = 32 };
 int  runstate_buffers(RunState *s, const Config *c, BufferGroup group, RunBuffer table[MAX_RUN_BUFFERS]);
 void runstate_alloc(RunState *s, const Model *m, const Document *doc, int max_block, int capacity);
+/* The same for n_seqs sequences at once (forward_segments), each with a
+ * local cache of `capacity` tokens; runstate_alloc is one sequence. */
+void runstate_alloc_seqs(RunState *s, const Model *m, const Document *doc, int max_block, int capacity, int n_seqs);
 void runstate_free(RunState *s);
 /* Allocates the taps (freed with the run state). */
 void runstate_enable_taps(RunState *s, const Model *m);
@@ -368,6 +372,17 @@ int forward(const Model *m, RunState *s, const Document *doc,
 /* forward's checks of its arguments (shared with the GPU forward): 0, or -1
  * with a sentence. */
 int forward_check(const Model *m, const RunState *s, const Document *doc, const int *tokens, int ntok, int pos);
+
+/* A run of ntok tokens of sequence seq at its local positions
+ * [pos, pos + ntok). */
+typedef struct { const int *tokens; int ntok, seq, pos; } Segment;
+/* forward over several sequences at once, all after the same document: the
+ * segments' tokens, one after another (at most B rows in all), go through
+ * every weight matrix as one product, and each row attends to the document
+ * and to its own sequence's local tokens. Logits of every row (LOGITS_ALL,
+ * in block order), of each segment's last row (LOGITS_LAST: segment k's in
+ * row k of s->logits), or none. 0, or -1 with a sentence. */
+int forward_segments(const Model *m, RunState *s, const Document *doc, const Segment *seg, int n_segs, int logits);
 
 /* Backward of the last forward (one block from local position 0, run with
  * backward enabled): given dlogits (ntok, V), adds the gradients of the

@@ -879,6 +879,7 @@ void runstate_alloc_cuda(RunStateCuda *rs, const Model *m, const Document *doc, 
     size_t B = max_block, H = c->n_heads, d = c->dim / H;
     s->max_block = max_block;
     s->capacity = capacity;
+    s->n_seqs = 1;  /* the GPU forward runs one sequence */
     s->max_doc = doc && doc->mode == DOC_EXACT && doc->cache ? doc->cache->n : 0;
     s->with_modules = doc && doc->mode == DOC_NECTAR;
     alloc_buffers_cuda(s, c, BUFFERS_FORWARD);

@@ -391,6 +391,67 @@ static void test_prefill_equals_decode(void) {
     model_free(&m);
 }
 
+/* Three sequences of different lengths after one document, run together
+ * (prefill segments in one block, then decode steps of one token each),
+ * give each sequence's logits run alone, for the exact and the Nectar
+ * (modules) document. */
+static void test_segments_equal_sequences_alone(void) {
+    printf("several sequences in one forward vs each alone\n");
+    enum { NDOC = 20, S = 3, STEPS = 4 };
+    Model m;
+    model_init_random(&m, small_gqa, 1, 5, 0.08f);
+    const Config *c = &m.config;
+    int V = c->vocab_size, len[S] = {7, 1, 12}, tokens[S][16], doc_ids[NDOC];
+    uint64_t rng = 17;
+    for (int i = 0; i < NDOC; i++) doc_ids[i] = rng_u32(&rng) % V;
+    for (int k = 0; k < S; k++) for (int i = 0; i < 16; i++) tokens[k][i] = rng_u32(&rng) % V;
+    DocCache cache;
+    doccache_build(&cache, &m, doc_ids, NDOC, 8);
+    ModuleSet ms;
+    int widths[3] = {9, 9, 9};
+    moduleset_alloc(&ms, ARCH_MLP, c->n_layers, c->n_kv_heads, c->dim / c->n_heads, 1, 1, 1, widths, 0);
+    mlp_init(&ms, 3, NULL, NULL);
+    for (size_t i = 0; i < ms.n_params; i++) ms.params[i] += 0.05f * rng_normal(&rng);  /* nonzero outputs */
+    ms.n_doc = NDOC;
+    Document docs[2] = {{DOC_EXACT, NDOC, &cache, NULL}, {DOC_NECTAR, NDOC, NULL, &ms}};
+    for (int which = 0; which < 2; which++) {
+        const Document *doc = &docs[which];
+        RunState together, alone;
+        runstate_alloc_seqs(&together, &m, doc, 20, 16, S);
+        Segment prefill[S];
+        for (int k = 0; k < S; k++) prefill[k] = (Segment){tokens[k], len[k], k, 0};
+        forward_segments(&m, &together, doc, prefill, S, LOGITS_LAST);
+        float *got = xmalloc((size_t)S * (STEPS + 1) * V * sizeof(float));
+        memcpy(got, together.logits, (size_t)S * V * sizeof(float));
+        for (int step = 0; step < STEPS; step++) {
+            Segment next[S];
+            for (int k = 0; k < S; k++) next[k] = (Segment){&tokens[k][len[k] + step], 1, k, len[k] + step};
+            forward_segments(&m, &together, doc, next, S, LOGITS_LAST);
+            memcpy(got + (size_t)(step + 1) * S * V, together.logits, (size_t)S * V * sizeof(float));
+        }
+        double max_err = 0;
+        for (int k = 0; k < S; k++) {
+            runstate_alloc(&alone, &m, doc, 16, 16);
+            for (int step = 0; step <= STEPS; step++) {
+                int n = step ? 1 : len[k], pos = step ? len[k] + step - 1 : 0;
+                forward(&m, &alone, doc, &tokens[k][pos], n, pos, LOGITS_LAST);
+                const float *want = alone.logits + (size_t)(n - 1) * V, *g = got + ((size_t)step * S + k) * V;
+                for (int i = 0; i < V; i++) max_err = fmax(max_err, fabs(g[i] - want[i]));
+            }
+            runstate_free(&alone);
+        }
+        printf("    %s: prefill and %d decode steps, max |together - alone| %.2e\n", which ? "Nectar" : "exact", STEPS,
+               max_err);
+        check(which ? "Nectar: every sequence's logits as if it ran alone (1e-5)"
+                    : "exact: every sequence's logits as if it ran alone (1e-5)", max_err < 1e-5);
+        free(got);
+        runstate_free(&together);
+    }
+    moduleset_free(&ms);
+    doccache_free(&cache);
+    model_free(&m);
+}
+
 static void test_checkpoint_roundtrip_is_exact(void) {
     printf("checkpoint write, load, run\n");
     for (int shared = 0; shared <= 1; shared++) {
@@ -948,6 +1009,7 @@ int main(void) {
     test_width_is_largest_within_budget();
     test_exact_state_modules_reproduce_full_cache();
     test_prefill_equals_decode();
+    test_segments_equal_sequences_alone();
     test_checkpoint_roundtrip_is_exact();
     test_logits_match_numpy_reference("ref_gqa");
     test_logits_match_numpy_reference("ref_mha_unshared");
