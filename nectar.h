@@ -24,6 +24,7 @@
  *   cli.c        what the programs share: option parsing, progress lines,
  *                tables and JSON of the metrics
  *   util.c       memory, time, random numbers, hashing, sampling
+ *   parallel.c   the CPU's threads: a pool that runs the tasks of a loop
  *
  * Conventions: fp32; natural log; errors print one sentence on stderr and
  * return -1 (or NULL).
@@ -561,5 +562,22 @@ void sampler_free(Sampler *s);
 /* Greedy at temperature 0; else a draw from softmax(logits / temperature),
  * restricted to the top-p mass when 0 < topp < 1. */
 int  sample(Sampler *s, const float *logits, int n);
+
+/* ------------------------------------------------------------------------ */
+/* Threads (parallel.c)                                                     */
+
+/* The CPU's parallelism is one pool of threads, the caller among them;
+ * OpenBLAS runs single-threaded inside its tasks (parallel_set_threads and
+ * the first parallel_for set it so). parallel_for runs task(ctx, i) for
+ * i = 0 .. n_tasks - 1, in any order and on any of the pool's threads, and
+ * returns when all are done; a call made inside a task, or while another
+ * thread's call runs, runs its tasks in the caller, one after another. */
+typedef void (*ParallelTask)(void *ctx, int task);
+void parallel_for(int n_tasks, ParallelTask task, void *ctx);
+/* The pool's size, the caller included: 0 is one thread per online CPU (the
+ * default), 1 runs every task in the caller. -1 with a sentence when out of
+ * range. */
+int  parallel_set_threads(int n);
+int  parallel_threads(void);
 
 #endif

@@ -1,0 +1,160 @@
+/* parallel.c - the CPU's threads: one pool of workers that run the tasks of
+ * one parallel_for at a time, the calling thread among them.
+ *
+ * OpenBLAS runs single-threaded inside every task: its own threads would
+ * compete with the pool's for the same cores (after a call they spin,
+ * waiting for the next one, while the pool's threads want to run the loops
+ * between the calls). So the pool is the only parallelism: the products of
+ * nectar.c split their output over it, and so do the loops around them.
+ *
+ * How a parallel_for runs: the caller publishes the job (a new generation
+ * number, under the lock), wakes the workers that sleep, and then claims
+ * tasks like any worker. A task is claimed by a compare-and-swap on one
+ * 64-bit ticket, (generation << 32) | next task, so a worker still holding
+ * an older job can never claim a task of a newer one. The caller returns
+ * when every task has finished. Between jobs a worker spins for a while
+ * (a decode step runs hundreds of short jobs, and waking a sleeping thread
+ * costs more than one of them), then sleeps on a condition variable.
+ */
+#include "nectar.h"
+
+#include <cblas.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { MAX_THREADS = 64 };
+/* how long an idle worker spins before it sleeps */
+#define SPIN_SECONDS 2e-3
+
+static struct {
+    pthread_mutex_t lock;        /* guards the job's fields, `sleeping` and starting workers */
+    pthread_cond_t wake;         /* signalled when a new job is published */
+    atomic_int threads;          /* the pool's size, the caller included; 0: not chosen yet */
+    int workers;                 /* worker threads running (threads - 1 at most are used) */
+    int sleeping;                /* workers waiting on `wake` */
+    atomic_int busy;             /* 1 while a parallel_for runs: a nested or concurrent one runs inline */
+    atomic_uint generation;      /* the job's number */
+    ParallelTask task;           /* the job: task(ctx, i) for i < n_tasks, on job_threads threads */
+    void *ctx;
+    int n_tasks, job_threads;
+    _Atomic uint64_t ticket;     /* (generation << 32) | the next unclaimed task */
+    atomic_int finished;         /* tasks of this generation done */
+} pool = {.lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER};
+
+/* Claims and runs tasks of generation `gen` until none is left. */
+static void run_tasks(unsigned gen, ParallelTask task, void *ctx, int n_tasks) {
+    uint64_t t = atomic_load(&pool.ticket);
+    while ((unsigned)(t >> 32) == gen && (int)(uint32_t)t < n_tasks) {
+        if (!atomic_compare_exchange_weak(&pool.ticket, &t, t + 1)) continue;  /* t reloaded */
+        task(ctx, (int)(uint32_t)t);
+        atomic_fetch_add(&pool.finished, 1);
+        t = atomic_load(&pool.ticket);
+    }
+}
+
+/* Returns once the generation differs from `seen`: spinning first, then
+ * asleep on the condition variable. */
+static void wait_for_job(unsigned seen) {
+    double t0 = now_seconds();
+    for (long i = 1; atomic_load(&pool.generation) == seen; i++)
+        if (i % 1024 == 0 && now_seconds() - t0 > SPIN_SECONDS) {
+            pthread_mutex_lock(&pool.lock);
+            pool.sleeping++;
+            while (atomic_load(&pool.generation) == seen) pthread_cond_wait(&pool.wake, &pool.lock);
+            pool.sleeping--;
+            pthread_mutex_unlock(&pool.lock);
+            return;
+        }
+}
+
+static void *worker_main(void *arg) {
+    int index = (int)(intptr_t)arg;  /* 1 .. threads - 1; the caller is 0 */
+    unsigned seen = atomic_load(&pool.generation);
+    for (;;) {
+        wait_for_job(seen);
+        pthread_mutex_lock(&pool.lock);  /* the job's fields and its generation, consistently */
+        seen = atomic_load(&pool.generation);
+        ParallelTask task = pool.task;
+        void *ctx = pool.ctx;
+        int n_tasks = pool.n_tasks, wanted = index < pool.job_threads;
+        pthread_mutex_unlock(&pool.lock);
+        if (wanted) run_tasks(seen, task, ctx, n_tasks);
+    }
+    return NULL;
+}
+
+/* A forked child has only the thread that forked: its pool starts again. */
+static void pool_after_fork_in_child(void) {
+    pthread_mutex_init(&pool.lock, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+    pool.workers = 0;
+    pool.sleeping = 0;
+    atomic_store(&pool.busy, 0);
+}
+
+static int online_cpus(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : (int)n;
+}
+
+static void register_fork_handler(void) { pthread_atfork(NULL, NULL, pool_after_fork_in_child); }
+
+int parallel_set_threads(int n) {
+    if (n < 0 || n > MAX_THREADS) {
+        fprintf(stderr, "error: %d threads: the pool takes 0 (one per CPU) to %d\n", n, MAX_THREADS);
+        return -1;
+    }
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, register_fork_handler);
+    openblas_set_num_threads(1);  /* the pool is the only parallelism */
+    atomic_store(&pool.threads, n ? n : online_cpus());
+    return 0;
+}
+
+int parallel_threads(void) {
+    if (atomic_load(&pool.threads) == 0) parallel_set_threads(0);
+    return atomic_load(&pool.threads);
+}
+
+/* Starts workers until threads - 1 are running (under the lock). */
+static void start_workers(int threads) {
+    while (pool.workers < threads - 1) {
+        pthread_t thread;
+        if (pthread_create(&thread, NULL, worker_main, (void *)(intptr_t)(pool.workers + 1)) != 0) break;
+        pthread_detach(thread);
+        pool.workers++;
+    }
+}
+
+void parallel_for(int n_tasks, ParallelTask task, void *ctx) {
+    int threads = parallel_threads();
+    if (n_tasks <= 0) return;
+    /* one thread, one task, or called from a task or while another
+     * thread's parallel_for runs: the tasks run here, in order */
+    if (threads == 1 || n_tasks == 1 || atomic_exchange(&pool.busy, 1)) {
+        for (int i = 0; i < n_tasks; i++) task(ctx, i);
+        return;
+    }
+    pthread_mutex_lock(&pool.lock);
+    start_workers(threads);
+    pool.task = task;
+    pool.ctx = ctx;
+    pool.n_tasks = n_tasks;
+    pool.job_threads = threads;
+    atomic_store(&pool.finished, 0);
+    unsigned gen = atomic_load(&pool.generation) + 1;
+    atomic_store(&pool.ticket, (uint64_t)gen << 32);
+    atomic_store(&pool.generation, gen);
+    if (pool.sleeping) pthread_cond_broadcast(&pool.wake);
+    pthread_mutex_unlock(&pool.lock);
+    run_tasks(gen, task, ctx, n_tasks);
+    /* wait for the tasks other threads claimed; yield the core after a
+     * while, in case the one that runs the last task waits for it */
+    for (long i = 0; atomic_load(&pool.finished) < n_tasks; i++)
+        if (i > 4096) sched_yield();
+    atomic_store(&pool.busy, 0);
+}
