@@ -22,6 +22,103 @@
 #include <string.h>
 
 /* ------------------------------------------------------------------------ */
+/* The exponential of the softmax and SiLU loops                            */
+
+static inline uint32_t bits_of(float f) { uint32_t u; memcpy(&u, &f, sizeof u); return u; }
+static inline float float_of(uint32_t u) { float f; memcpy(&f, &u, sizeof f); return f; }
+
+/* exp(x) = 2^n e^r, n = round(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2]:
+ *   - n by the 1.5 * 2^23 trick: x log2(e) + 1.5 * 2^23 has n in its low
+ *     mantissa bits (round to nearest), and minus 1.5 * 2^23 is n as a float;
+ *   - r with ln 2 in two parts (Cody and Waite): n * LN2_HI is exact (LN2_HI
+ *     has 10 significant bits, |n| <= 150), LN2_LO = ln 2 - LN2_HI;
+ *   - e^r by its Taylor series to r^7 / 7! (truncation below 5.2e-9 relative);
+ *   - 2^n as 2^(n - n/2) 2^(n/2), each a float built from its exponent bits,
+ *     so that results below FLT_MIN (denormals) and up to FLT_MAX come out.
+ * No branch and no library call, so a loop of it vectorises (expf does not).
+ * Measured against double exp on every float of [-104, 89] (the test in
+ * tests/test_core.c takes every 64th): relative error at most 1.004e-7
+ * (1.7 ulp; expf: 0.5 ulp) where the result is normal, absolute error below
+ * 2^-149 where it is denormal; 0 below -104 (and at -inf), +inf above
+ * ln(FLT_MAX), NaN for NaN. */
+static inline float exp_fast(float x) {
+    const float LOG2E = 1.44269504f, LN2_HI = 0.693359375f, LN2_LO = -2.12194440e-4f, ROUND = 12582912.0f;
+    float xc = x < -104.0f ? -104.0f : x;  /* the range where 2^n is built below; NaN stays NaN */
+    xc = xc > 89.0f ? 89.0f : xc;
+    float t = xc * LOG2E + ROUND;
+    int32_t n = (int32_t)(bits_of(t) - bits_of(ROUND));
+    float nf = t - ROUND;
+    float r = (xc - nf * LN2_HI) - nf * LN2_LO;
+    float er = 1.0f + r * (1.0f + r * (1.0f / 2 + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120
+             + r * (1.0f / 720 + r * (1.0f / 5040)))))));
+    int32_t half = n / 2;
+    float y = er * float_of((uint32_t)(n - half + 127) << 23) * float_of((uint32_t)(half + 127) << 23);
+    return x < -104.0f ? 0.0f : y;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Products, on the pool's threads                                          */
+
+/* C (M, N) = alpha op(A) op(B) + beta C, row-major, as cblas_sgemm. */
+typedef struct {
+    CBLAS_TRANSPOSE trans_a, trans_b;
+    int M, N, K, lda, ldb, ldc;
+    float alpha, beta;
+    const float *A, *B;
+    float *C;
+    int cols;  /* columns of C per task */
+} Gemm;
+
+/* c_j = alpha b_j . a + beta c_j for the n rows b_j of B (stored (n, K),
+ * stride ldb): a matrix-vector product as a decode step runs it, one dot
+ * product per row of a weight matrix read once from memory. The sum may be
+ * taken in any order (SIMD lanes). */
+static void matvec_rows(int n, int K, float alpha, const float *B, int ldb, const float *a, float beta, float *c) {
+    for (int j = 0; j < n; j++) {
+        const float *b = B + (size_t)j * ldb;
+        float dot = 0.0f;
+        #pragma omp simd reduction(+:dot)
+        for (int k = 0; k < K; k++) dot += b[k] * a[k];
+        c[j] = beta == 0.0f ? alpha * dot : alpha * dot + beta * c[j];
+    }
+}
+
+/* Columns [c0, c0 + n) of C: a single-threaded OpenBLAS product, or, for
+ * one row of A and B stored (N, K) (a weight matrix), matvec_rows: sgemm
+ * would first copy B into its packed layout, and OpenBLAS's sgemv streams
+ * it slower than this loop does. */
+static void gemm_columns(const Gemm *g, int c0, int n) {
+    const float *B = g->trans_b == CblasTrans ? g->B + (size_t)c0 * g->ldb : g->B + c0;
+    float *C = g->C + c0;
+    if (g->M == 1 && g->trans_a == CblasNoTrans && g->trans_b == CblasTrans)
+        matvec_rows(n, g->K, g->alpha, B, g->ldb, g->A, g->beta, C);
+    else
+        cblas_sgemm(CblasRowMajor, g->trans_a, g->trans_b, g->M, n, g->K, g->alpha, g->A, g->lda, B, g->ldb,
+                    g->beta, C, g->ldc);
+}
+
+static void gemm_task(void *ctx, int task) {
+    const Gemm *g = ctx;
+    int c0 = task * g->cols;
+    gemm_columns(g, c0, g->N - c0 < g->cols ? g->N - c0 : g->cols);
+}
+
+/* Every product of this file: the columns of C in tasks of a multiple of 16
+ * (a cache line of floats), four per thread; a small product (under 2^16
+ * multiply-adds) in one piece. */
+static void gemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K, float alpha,
+                 const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    Gemm g = {trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta, A, B, C, N};
+    int threads = parallel_threads(), tasks = 4 * threads;
+    if (threads == 1 || (double)M * N * K < 65536.0 || N < 32) {
+        gemm_columns(&g, 0, N);
+        return;
+    }
+    g.cols = ((N + tasks - 1) / tasks + 15) / 16 * 16;
+    parallel_for((N + g.cols - 1) / g.cols, gemm_task, &g);
+}
+
+/* ------------------------------------------------------------------------ */
 /* 1. Attention states and their merge                                      */
 
 /* For queries q_i and keys/values (k_j, v_j), the scores, the log attention
@@ -34,8 +131,7 @@ void attention_states(int nq, int nk, int d, const float *q, int ldq,
                       const float *k, const float *v, int ldkv, int visible,
                       float *A, int ldA, float *lse, int ldlse, float *scores) {
     if (nk > 0)  /* scores (nq, nk) = Q K^T / sqrt(d) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, d, 1.0f / sqrtf((float)d),
-                    q, ldq, k, ldkv, 0.0f, scores, nk);
+        gemm(CblasNoTrans, CblasTrans, nq, nk, d, 1.0f / sqrtf((float)d), q, ldq, k, ldkv, 0.0f, scores, nk);
     for (int i = 0; i < nq; i++) {
         float *row = scores + (size_t)i * nk;
         int seen = visible + i < nk ? visible + i : nk;
@@ -44,19 +140,20 @@ void attention_states(int nq, int nk, int d, const float *q, int ldq,
             lse[(size_t)i * ldlse] = -INFINITY;
             continue;
         }
-        float max = row[0];
+        float max = row[0], sum = 0.0f;
+        #pragma omp simd reduction(max:max)
         for (int j = 1; j < seen; j++) max = row[j] > max ? row[j] : max;
-        float sum = 0.0f;
-        for (int j = 0; j < seen; j++) { row[j] = expf(row[j] - max); sum += row[j]; }
+        #pragma omp simd reduction(+:sum)
+        for (int j = 0; j < seen; j++) { row[j] = exp_fast(row[j] - max); sum += row[j]; }
         /* lse = log sum_j exp(s_j) = max + log sum_j exp(s_j - max) */
         lse[(size_t)i * ldlse] = max + logf(sum);
         float inv = 1.0f / sum;
+        #pragma omp simd
         for (int j = 0; j < seen; j++) row[j] *= inv;
-        for (int j = seen; j < nk; j++) row[j] = 0.0f;
+        memset(row + seen, 0, (size_t)(nk - seen) * sizeof(float));
     }
     if (nk > 0)  /* A (nq, d) = P V */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, d, nk, 1.0f,
-                    scores, nk, v, ldkv, 0.0f, A, ldA);
+        gemm(CblasNoTrans, CblasNoTrans, nq, d, nk, 1.0f, scores, nk, v, ldkv, 0.0f, A, ldA);
     else
         for (int i = 0; i < nq; i++) memset(A + (size_t)i * ldA, 0, (size_t)d * sizeof(float));
 }
@@ -72,10 +169,9 @@ void attention_states_backward(int nq, int nk, int d, const float *q, int ldq,
                                const float *scores, float *dq, float *dk, float *dv, float *tmp) {
     if (nk == 0) return;
     float scale = 1.0f / sqrtf((float)d);
-    if (dv) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, d, nq, 1.0f,
-                        scores, nk, dA, ldA, 1.0f, dv, ldkv);
+    if (dv) gemm(CblasTrans, CblasNoTrans, nk, d, nq, 1.0f, scores, nk, dA, ldA, 1.0f, dv, ldkv);
     /* tmp (nq, nk) = dA V^T, then ds in place */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, d, 1.0f, dA, ldA, v, ldkv, 0.0f, tmp, nk);
+    gemm(CblasNoTrans, CblasTrans, nq, nk, d, 1.0f, dA, ldA, v, ldkv, 0.0f, tmp, nk);
     for (int i = 0; i < nq; i++) {
         float dA_dot_A = 0.0f;
         for (int c = 0; c < d; c++) dA_dot_A += dA[(size_t)i * ldA + c] * A[(size_t)i * ldA + c];
@@ -85,10 +181,8 @@ void attention_states_backward(int nq, int nk, int d, const float *q, int ldq,
             tmp[ij] = scores[ij] * (g + tmp[ij] - dA_dot_A);
         }
     }
-    if (dq) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, d, nk, scale,
-                        tmp, nk, k, ldkv, 1.0f, dq, ldq);
-    if (dk) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, d, nq, scale,
-                        tmp, nk, q, ldq, 1.0f, dk, ldkv);
+    if (dq) gemm(CblasNoTrans, CblasNoTrans, nq, d, nk, scale, tmp, nk, k, ldkv, 1.0f, dq, ldq);
+    if (dk) gemm(CblasTrans, CblasNoTrans, nk, d, nq, scale, tmp, nk, q, ldq, 1.0f, dk, ldkv);
 }
 
 /* m = max(lse1, lse2), w_i = exp(lse_i - m):
@@ -136,24 +230,22 @@ void gate_merge(int d, const float *A_doc, float a_doc, const float *A_loc, floa
 /* ------------------------------------------------------------------------ */
 /* Linear layers (the modules and the transformer both use them)            */
 
-static float silu(float z) { return z / (1.0f + expf(-z)); }
+static inline float silu(float z) { return z / (1.0f + exp_fast(-z)); }
 
 /* Y (N, n_out) = X (N, n_in) W^T + beta Y: W stored (n_out, n_in), as every
  * weight matrix here (beta 1 adds into Y, as the residual stream does). */
 static void matmul(int N, int n_in, int n_out, const float *X, const float *W, float beta, float *Y) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, n_out, n_in, 1.0f, X, n_in, W, n_in, beta, Y, n_out);
+    gemm(CblasNoTrans, CblasTrans, N, n_out, n_in, 1.0f, X, n_in, W, n_in, beta, Y, n_out);
 }
 
 /* dW += dY^T X for a linear layer Y = X W^T (W stored (n_out, n_in)), if dW. */
 static void weight_grad(int ntok, int n_in, int n_out, const float *dY, const float *X, float *dW) {
-    if (dW) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n_out, n_in, ntok, 1.0f,
-                        dY, n_out, X, n_in, 1.0f, dW, n_in);
+    if (dW) gemm(CblasTrans, CblasNoTrans, n_out, n_in, ntok, 1.0f, dY, n_out, X, n_in, 1.0f, dW, n_in);
 }
 
 /* dX (+)= dY W for Y = X W^T; beta 0 overwrites, 1 adds. */
 static void input_grad(int ntok, int n_in, int n_out, const float *dY, const float *W, float beta, float *dX) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ntok, n_in, n_out, 1.0f,
-                dY, n_out, W, n_in, beta, dX, n_in);
+    gemm(CblasNoTrans, CblasNoTrans, ntok, n_in, n_out, 1.0f, dY, n_out, W, n_in, beta, dX, n_in);
 }
 
 /* out (N, n_out) = in (N, n_in) W^T + b: a linear layer, W stored (n_out, n_in). */
@@ -369,6 +461,7 @@ void module_forward(const ModuleSet *s, const Module *mod, ModuleWork *w,
         int prev = mlp_prev(i, Db, Ds);
         linear_forward(N, d, width, w->x, p.Vq[i], p.b[i], pre);       /* Vq x + b */
         if (prev >= 0) matmul(N, width, width, w->hid + prev * layer_size, p.U[i], 1.0f, pre);  /* + U h_prev */
+        #pragma omp simd
         for (size_t j = 0; j < layer_size; j++) hid[j] = silu(pre[j]);  /* h = SiLU(pre) */
     }
     int hs = mlp_head_input(0, Db, Ds, Dt), ht = mlp_head_input(1, Db, Ds, Dt);
@@ -407,8 +500,9 @@ void module_backward(const ModuleSet *s, const Module *mod, ModuleWork *w,
      * h = SiLU(pre), pre = Vq x + U h_prev + b */
     for (int i = n_hidden - 1; i >= 0; i--) {
         float *pre = w->pre + i * layer_size, *dpre = w->dhid + i * layer_size;
+        #pragma omp simd
         for (size_t j = 0; j < layer_size; j++) {  /* SiLU'(z) = s(z) (1 + z (1 - s(z))) */
-            float sg = 1.0f / (1.0f + expf(-pre[j]));
+            float sg = 1.0f / (1.0f + exp_fast(-pre[j]));
             dpre[j] *= sg * (1.0f + pre[j] * (1.0f - sg));
         }
         linear_backward(N, d, width, w->x, p.Vq[i], dpre, g.Vq[i], g.b[i], w->dx);
@@ -754,6 +848,7 @@ static void layer_forward(const Model *m, RunState *s, const Document *doc, int 
         rmsnorm(s->xb2 + (size_t)t * D, s->x_mid + (size_t)t * D, w->rms_ffn + (size_t)l * D, D, c->norm_eps);
     matmul(ntok, D, F, s->xb2, w->w1 + (size_t)l * F * D, 0.0f, s->hb);
     matmul(ntok, D, F, s->xb2, w->w3 + (size_t)l * F * D, 0.0f, s->hb2);
+    #pragma omp simd
     for (size_t i = 0; i < (size_t)ntok * F; i++) s->hgate[i] = silu(s->hb[i]) * s->hb2[i];
     memcpy(s->x, s->x_mid, (size_t)ntok * D * sizeof(float));
     matmul(ntok, F, D, s->hgate, w->w2 + (size_t)l * D * F, 1.0f, s->x);
@@ -909,8 +1004,9 @@ static void ffn_backward(const Model *m, RunState *s, int l, int ntok, Weights *
     input_grad(ntok, F, D, b->dx, w->w2 + (size_t)l * D * F, 0.0f, b->dhgate);
     weight_grad(ntok, F, D, b->dx, s->hgate, LAYER(dw->w2, l, (size_t)D * F));
     /* hgate = SiLU(hb) * hb2 */
+    #pragma omp simd
     for (size_t i = 0; i < (size_t)ntok * F; i++) {
-        float sg = 1.0f / (1.0f + expf(-s->hb[i]));
+        float sg = 1.0f / (1.0f + exp_fast(-s->hb[i]));
         b->dhb2[i] = b->dhgate[i] * s->hb[i] * sg;
         b->dhb[i] = b->dhgate[i] * s->hb2[i] * sg * (1.0f + s->hb[i] * (1.0f - sg));
     }
