@@ -628,7 +628,9 @@ const Document NO_DOCUMENT = {DOC_EXACT, 0, NULL, NULL};
 static int forward_buffers(RunState *s, const Config *c, RunBuffer *t) {
     size_t B = s->max_block, D = c->dim, F = c->hidden_dim, H = c->n_heads, L = c->n_layers;
     size_t KVD = (size_t)c->dim / c->n_heads * c->n_kv_heads, C = s->capacity;
-    size_t keys = s->max_doc > s->capacity ? s->max_doc : s->capacity, M = s->with_modules;
+    size_t group = c->n_heads / c->n_kv_heads, doc_keys = group * s->max_doc;
+    size_t keys = doc_keys > C ? doc_keys : C;  /* a KV group's B * group queries over n keys, or a head's local keys */
+    size_t M = s->with_modules || s->max_doc > 0, chunks = s->max_doc > 0 ? DOC_CHUNKS : 0;
     RunBuffer list[] = {
         {&s->x, B * D}, {&s->xb, B * D}, {&s->q, B * D}, {&s->k, B * KVD}, {&s->v, B * KVD},
         {&s->att, B * D}, {&s->doc_A, B * D}, {&s->doc_lse, B * H}, {&s->loc_A, B * D}, {&s->loc_lse, B * H},
@@ -636,6 +638,7 @@ static int forward_buffers(RunState *s, const Config *c, RunBuffer *t) {
         {&s->scores, B * keys}, {&s->logits, B * c->vocab_size},
         {&s->key_cache, L * C * KVD}, {&s->value_cache, L * C * KVD},
         {&s->mq, M * B * D}, {&s->ma, M * B * H}, {&s->mA, M * B * D},
+        {&s->chunk_A, chunks * B * D / c->n_kv_heads}, {&s->chunk_lse, chunks * B * group},
     };
     memcpy(t, list, sizeof list);
     return (int)(sizeof list / sizeof list[0]);
@@ -741,30 +744,97 @@ static void rope(float *vec, int n, int head_size, int pos, float theta, float d
     }
 }
 
+/* A block's queries in chunks of LOCAL_ROWS rows, one chunk a task. */
+enum { LOCAL_ROWS = 32 };
+
+/* One head's local attention over one chunk of the block's rows. */
+typedef struct {
+    const float *q, *key, *value;  /* the head's queries (stride D), its KV head's keys and values (stride KVD) */
+    float *A, *lse, *scores;       /* its state (strides D and H) and the block's scores (ntok, pos + ntok) */
+    int ntok, pos, d, D, H, KVD;
+} LocalRows;
+
+/* Rows [r0, r0 + nr) see keys j < pos + 1 + r: the keys from pos + r0 + nr
+ * on are masked for all of them and are left out. */
+static void local_rows_task(void *ctx, int chunk) {
+    const LocalRows *j = ctx;
+    int r0 = chunk * LOCAL_ROWS, nr = j->ntok - r0 < LOCAL_ROWS ? j->ntok - r0 : LOCAL_ROWS;
+    attention_states(nr, j->pos + r0 + nr, j->d, j->q + (size_t)r0 * j->D, j->D, j->key, j->value, j->KVD,
+                     j->pos + 1 + r0, j->A + (size_t)r0 * j->D, j->D, j->lse + (size_t)r0 * j->H, j->H,
+                     j->scores + (size_t)r0 * (j->pos + j->ntok));
+}
+
 /* The local tokens' state: causal attention of the block's queries over the
- * local keys cached so far, including their own. */
+ * local keys cached so far, including their own; a head at a time, its rows
+ * in chunks on the pool's threads. */
 static void local_states(const Model *m, RunState *s, int l, int ntok, int pos) {
     const Config *c = &m->config;
-    int d = c->dim / c->n_heads, KVD = d * c->n_kv_heads, group = c->n_heads / c->n_kv_heads;
+    int D = c->dim, H = c->n_heads, d = D / H, KVD = d * c->n_kv_heads, group = H / c->n_kv_heads;
     size_t layer = (size_t)l * s->capacity * KVD;
-    for (int h = 0; h < c->n_heads; h++) {
+    for (int h = 0; h < H; h++) {
         size_t kv = layer + (size_t)(h / group) * d;
-        attention_states(ntok, pos + ntok, d, s->q + h * d, c->dim, s->key_cache + kv,
-                         s->value_cache + kv, KVD, pos + 1, s->loc_A + h * d, c->dim,
-                         s->loc_lse + h, c->n_heads, s->scores);
+        LocalRows job = {s->q + h * d, s->key_cache + kv, s->value_cache + kv, s->loc_A + h * d, s->loc_lse + h,
+                         s->scores, ntok, pos, d, D, H, KVD};
+        parallel_for((ntok + LOCAL_ROWS - 1) / LOCAL_ROWS, local_rows_task, &job);
     }
 }
 
-/* Exact: the document's state from its KV cache (no cache: the empty state). */
+/* The document's keys are split into DOC_CHUNKS chunks of at least
+ * MIN_CHUNK_KEYS keys, one chunk a task. */
+enum { MIN_CHUNK_KEYS = 128 };
+
+/* One chunk of an exact document's keys for the queries of one KV group. */
+typedef struct {
+    const float *q, *key, *value;  /* (rows, d); the document's keys and values of the KV head (stride KVD) */
+    float *chunk_A, *chunk_lse;    /* (DOC_CHUNKS, rows, d), (DOC_CHUNKS, rows): each chunk's state */
+    float *scores;                 /* (rows, n): chunk c's block (rows, its keys) at rows * (its first key) */
+    int rows, d, KVD, n, chunk;    /* n keys in chunks of `chunk` */
+} DocChunks;
+
+static void doc_chunk_task(void *ctx, int c) {
+    const DocChunks *j = ctx;
+    int k0 = c * j->chunk, nk = j->n - k0 < j->chunk ? j->n - k0 : j->chunk;
+    attention_states(j->rows, nk, j->d, j->q, j->d, j->key + (size_t)k0 * j->KVD, j->value + (size_t)k0 * j->KVD,
+                     j->KVD, nk, j->chunk_A + (size_t)c * j->rows * j->d, j->d, j->chunk_lse + (size_t)c * j->rows, 1,
+                     j->scores + (size_t)k0 * j->rows);
+}
+
+/* The state of all n keys: the chunks' states merged in order, into A (rows, d) and lse (rows). */
+static void merge_chunks(const DocChunks *j, int chunks, float *A, float *lse) {
+    for (int r = 0; r < j->rows; r++) {
+        memcpy(A + (size_t)r * j->d, j->chunk_A + (size_t)r * j->d, j->d * sizeof(float));
+        lse[r] = j->chunk_lse[r];
+        for (int c = 1; c < chunks; c++)
+            merge_states(j->d, A + (size_t)r * j->d, lse[r], j->chunk_A + ((size_t)c * j->rows + r) * j->d,
+                         j->chunk_lse[(size_t)c * j->rows + r], A + (size_t)r * j->d, &lse[r]);
+    }
+}
+
+/* Exact: the document's state from its KV cache (no cache: the empty
+ * state). As the Nectar path below, the queries of a KV head's group in one
+ * batch, so its keys and values are read once; the keys in chunks on the
+ * pool's threads, whose states merge exactly. */
 static void document_states_exact(const Model *m, RunState *s, const DocCache *cache, int l, int ntok) {
     const Config *c = &m->config;
-    int d = c->dim / c->n_heads, KVD = d * c->n_kv_heads, group = c->n_heads / c->n_kv_heads;
-    int n = cache ? cache->n : 0;
-    for (int h = 0; h < c->n_heads; h++) {
-        size_t kv = ((size_t)l * n) * KVD + (size_t)(h / group) * d;
-        attention_states(ntok, n, d, s->q + h * d, c->dim, n ? cache->key + kv : NULL,
-                         n ? cache->value + kv : NULL, KVD, n, s->doc_A + h * d, c->dim,
-                         s->doc_lse + h, c->n_heads, s->scores);
+    int D = c->dim, H = c->n_heads, d = D / H, KVD = d * c->n_kv_heads, group = H / c->n_kv_heads;
+    int n = cache ? cache->n : 0, rows = ntok * group;
+    if (n == 0) {
+        memset(s->doc_A, 0, (size_t)ntok * D * sizeof(float));
+        for (int i = 0; i < ntok * H; i++) s->doc_lse[i] = -INFINITY;
+        return;
+    }
+    int chunk = (n + DOC_CHUNKS - 1) / DOC_CHUNKS;
+    if (chunk < MIN_CHUNK_KEYS) chunk = MIN_CHUNK_KEYS;
+    for (int g = 0; g < c->n_kv_heads; g++) {
+        copy_rows(s->mq, group * d, s->q + g * group * d, D, ntok, group * d);  /* as in the Nectar path */
+        size_t kv = (size_t)l * n * KVD + (size_t)g * d;
+        DocChunks job = {s->mq, cache->key + kv, cache->value + kv, s->chunk_A, s->chunk_lse, s->scores,
+                         rows, d, KVD, n, chunk};
+        int chunks = (n + chunk - 1) / chunk;
+        parallel_for(chunks, doc_chunk_task, &job);
+        merge_chunks(&job, chunks, s->mA, s->ma);
+        copy_rows(s->doc_A + g * group * d, D, s->mA, group * d, ntok, group * d);
+        copy_rows(s->doc_lse + g * group, H, s->ma, group, ntok, group);
     }
 }
 

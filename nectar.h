@@ -272,6 +272,10 @@ typedef struct DocCache {
     uint64_t fingerprint; /* hash of the document's token ids */
 } DocCache;
 
+/* An exact document's keys are split into at most DOC_CHUNKS chunks, whose
+ * states merge: the chunks run on the pool's threads. */
+enum { DOC_CHUNKS = 8 };
+
 /* Where the document's attention state comes from: its KV cache (exact) or
  * its modules (Nectar). */
 typedef enum { DOC_EXACT = 1, DOC_NECTAR = 2 } DocMode;
@@ -330,13 +334,15 @@ typedef struct {
     float *hb;      /* (B, F) W1 xb2 */
     float *hb2;     /* (B, F) W3 xb2 */
     float *hgate;   /* (B, F) SiLU(hb) * hb2 */
-    float *scores;  /* (B, max(n, capacity)) */
+    float *scores;  /* (B, max(capacity, (H / G) n)): a head's B local rows, or a KV group's B (H / G) over n keys */
     float *logits;  /* (B, V) */
     float *key_cache;   /* (L, capacity, KVD) local keys, rotated */
     float *value_cache; /* (L, capacity, KVD) */
-    float *mq;          /* (B * H, d) queries gathered per module (DOC_NECTAR) */
-    float *ma;          /* (B * H) module scores */
-    float *mA;          /* (B * H, d) module targets */
+    float *mq;          /* (B * H, d) queries gathered per KV head (DOC_NECTAR, or an exact document) */
+    float *ma;          /* (B * H) their document state: module scores, or lse */
+    float *mA;          /* (B * H, d) module targets, or A */
+    float *chunk_A;     /* (DOC_CHUNKS, B * H / G, d) an exact document's state per chunk of its keys */
+    float *chunk_lse;   /* (DOC_CHUNKS, B * H / G) */
     ModuleWork work;    /* for DOC_NECTAR */
     TeacherTaps taps;   /* NULL unless runstate_enable_taps: forward copies into them */
     BackwardBuffers back; /* NULL unless runstate_enable_backward */
