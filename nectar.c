@@ -70,16 +70,31 @@ typedef struct {
 } Gemm;
 
 /* c_j = alpha b_j . a + beta c_j for the n rows b_j of B (stored (n, K),
- * stride ldb): a matrix-vector product as a decode step runs it, one dot
- * product per row of a weight matrix read once from memory. The sum may be
- * taken in any order (SIMD lanes). */
+ * stride ldb): a matrix-vector product as a decode step runs it, a weight
+ * matrix read once from memory. Four rows a quarter of the block apart at a
+ * time, so that the memory system sees four streams (one stream read 20-23
+ * GB/s here, four 28, as fast as a plain streaming read). Each dot product
+ * may be summed in any order (SIMD lanes). */
 static void matvec_rows(int n, int K, float alpha, const float *B, int ldb, const float *a, float beta, float *c) {
-    for (int j = 0; j < n; j++) {
+    int quarter = n / 4, first[4];
+    float dot[4];
+    for (int j = 0; j < quarter; j++) {
+        for (int s = 0; s < 4; s++) first[s] = j + s * quarter;
+        const float *b0 = B + (size_t)first[0] * ldb, *b1 = B + (size_t)first[1] * ldb;
+        const float *b2 = B + (size_t)first[2] * ldb, *b3 = B + (size_t)first[3] * ldb;
+        float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+        #pragma omp simd reduction(+:d0, d1, d2, d3)
+        for (int k = 0; k < K; k++) { d0 += b0[k] * a[k]; d1 += b1[k] * a[k]; d2 += b2[k] * a[k]; d3 += b3[k] * a[k]; }
+        dot[0] = d0; dot[1] = d1; dot[2] = d2; dot[3] = d3;
+        for (int s = 0; s < 4; s++)
+            c[first[s]] = beta == 0.0f ? alpha * dot[s] : alpha * dot[s] + beta * c[first[s]];
+    }
+    for (int j = 4 * quarter; j < n; j++) {  /* the last n mod 4 rows, one at a time */
         const float *b = B + (size_t)j * ldb;
-        float dot = 0.0f;
-        #pragma omp simd reduction(+:dot)
-        for (int k = 0; k < K; k++) dot += b[k] * a[k];
-        c[j] = beta == 0.0f ? alpha * dot : alpha * dot + beta * c[j];
+        float d = 0.0f;
+        #pragma omp simd reduction(+:d)
+        for (int k = 0; k < K; k++) d += b[k] * a[k];
+        c[j] = beta == 0.0f ? alpha * d : alpha * d + beta * c[j];
     }
 }
 
@@ -104,12 +119,13 @@ static void gemm_task(void *ctx, int task) {
 }
 
 /* Every product of this file: the columns of C in tasks of a multiple of 16
- * (a cache line of floats), four per thread; a small product (under 2^16
- * multiply-adds) in one piece. */
+ * columns (a cache line of floats), two per thread (each packs all of A, so
+ * few; two let a thread that finishes early take over), four for one row
+ * (nothing to pack); a small product (under 2^16 multiply-adds) in one piece. */
 static void gemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K, float alpha,
                  const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
     Gemm g = {trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta, A, B, C, N};
-    int threads = parallel_threads(), tasks = 4 * threads;
+    int threads = parallel_threads(), tasks = (M == 1 ? 4 : 2) * threads;
     if (threads == 1 || (double)M * N * K < 65536.0 || N < 32) {
         gemm_columns(&g, 0, N);
         return;
