@@ -101,7 +101,7 @@ static void matvec_rows(int n, int K, float alpha, const float *B, int ldb, cons
 /* Columns [c0, c0 + n) of C: a single-threaded OpenBLAS product, or, for
  * one row of A and B stored (N, K) (a weight matrix), matvec_rows: sgemm
  * would first copy B into its packed layout, and OpenBLAS's sgemv streams
- * it slower than this loop does. */
+ * it slower than this loop does (12-13 GB/s on one core here, against 20-28). */
 static void gemm_columns(const Gemm *g, int c0, int n) {
     const float *B = g->trans_b == CblasTrans ? g->B + (size_t)c0 * g->ldb : g->B + c0;
     float *C = g->C + c0;
@@ -112,26 +112,48 @@ static void gemm_columns(const Gemm *g, int c0, int n) {
                     g->beta, C, g->ldc);
 }
 
-static void gemm_task(void *ctx, int task) {
-    const Gemm *g = ctx;
-    int c0 = task * g->cols;
+/* Products run in one parallel loop: task t is a chunk of columns of
+ * product i, first_task[i] <= t < first_task[i + 1]. */
+enum { MAX_PRODUCTS = 3 };
+typedef struct {
+    int count;
+    Gemm g[MAX_PRODUCTS];
+    int first_task[MAX_PRODUCTS + 1];
+} GemmBatch;
+
+static void gemm_batch_task(void *ctx, int task) {
+    const GemmBatch *b = ctx;
+    int i = 0;
+    while (task >= b->first_task[i + 1]) i++;
+    const Gemm *g = &b->g[i];
+    int c0 = (task - b->first_task[i]) * g->cols;
     gemm_columns(g, c0, g->N - c0 < g->cols ? g->N - c0 : g->cols);
 }
 
-/* Every product of this file: the columns of C in tasks of a multiple of 16
- * columns (a cache line of floats), two per thread (each packs all of A, so
+/* The columns of C in tasks of a multiple of 16 columns (a cache line of
+ * floats): about two per thread over the batch (each packs all of A, so
  * few; two let a thread that finishes early take over), four for one row
- * (nothing to pack); a small product (under 2^16 multiply-adds) in one piece. */
+ * (nothing to pack); a small product (under 2^16 multiply-adds) in one
+ * task. One thread: each product in one piece, in order. */
+static void gemm_batch(GemmBatch *b) {
+    int threads = parallel_threads(), columns = 0;
+    for (int i = 0; i < b->count; i++) columns += b->g[i].N;
+    int tasks = (b->g[0].M == 1 ? 4 : 2) * threads, cols = ((columns + tasks - 1) / tasks + 15) / 16 * 16;
+    b->first_task[0] = 0;
+    for (int i = 0; i < b->count; i++) {
+        Gemm *g = &b->g[i];
+        int whole = threads == 1 || (double)g->M * g->N * g->K < 65536.0;
+        g->cols = whole ? g->N : cols;
+        b->first_task[i + 1] = b->first_task[i] + (g->N + g->cols - 1) / g->cols;
+    }
+    parallel_for(b->first_task[b->count], gemm_batch_task, b);
+}
+
+/* Every product of this file but the shared-input ones below. */
 static void gemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K, float alpha,
                  const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
-    Gemm g = {trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta, A, B, C, N};
-    int threads = parallel_threads(), tasks = (M == 1 ? 4 : 2) * threads;
-    if (threads == 1 || (double)M * N * K < 65536.0 || N < 32) {
-        gemm_columns(&g, 0, N);
-        return;
-    }
-    g.cols = ((N + tasks - 1) / tasks + 15) / 16 * 16;
-    parallel_for((N + g.cols - 1) / g.cols, gemm_task, &g);
+    GemmBatch b = {1, {{trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta, A, B, C, N}}, {0}};
+    gemm_batch(&b);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -252,6 +274,19 @@ static inline float silu(float z) { return z / (1.0f + exp_fast(-z)); }
  * weight matrix here (beta 1 adds into Y, as the residual stream does). */
 static void matmul(int N, int n_in, int n_out, const float *X, const float *W, float beta, float *Y) {
     gemm(CblasNoTrans, CblasTrans, N, n_out, n_in, 1.0f, X, n_in, W, n_in, beta, Y, n_out);
+}
+
+/* Y_i = X W_i^T for up to MAX_PRODUCTS weights that share the input X
+ * (N, n_in), in one parallel loop (a decode step waits for its threads once
+ * instead of once a product). */
+typedef struct { const float *W; int n_out; float *Y; } Product;
+
+static void matmuls(int N, int n_in, const float *X, int count, const Product *p) {
+    GemmBatch b = {count, {{0}}, {0}};
+    for (int i = 0; i < count; i++)
+        b.g[i] = (Gemm){CblasNoTrans, CblasTrans, N, p[i].n_out, n_in, n_in, n_in, p[i].n_out, 1.0f, 0.0f, X, p[i].W,
+                        p[i].Y, p[i].n_out};
+    gemm_batch(&b);
 }
 
 /* dW += dY^T X for a linear layer Y = X W^T (W stored (n_out, n_in)), if dW. */
@@ -654,7 +689,7 @@ static int forward_buffers(RunState *s, const Config *c, RunBuffer *t) {
         {&s->scores, B * keys}, {&s->logits, B * c->vocab_size},
         {&s->key_cache, L * C * KVD}, {&s->value_cache, L * C * KVD},
         {&s->mq, M * B * D}, {&s->ma, M * B * H}, {&s->mA, M * B * D},
-        {&s->chunk_A, chunks * B * D / c->n_kv_heads}, {&s->chunk_lse, chunks * B * group},
+        {&s->chunk_A, chunks * B * D}, {&s->chunk_lse, chunks * B * H},
     };
     memcpy(t, list, sizeof list);
     return (int)(sizeof list / sizeof list[0]);
@@ -799,58 +834,67 @@ static void local_states(const Model *m, RunState *s, int l, int ntok, int pos) 
  * MIN_CHUNK_KEYS keys, one chunk a task. */
 enum { MIN_CHUNK_KEYS = 128 };
 
-/* One chunk of an exact document's keys for the queries of one KV group. */
+/* One chunk of an exact document's keys, for the queries of every KV group. */
 typedef struct {
-    const float *q, *key, *value;  /* (rows, d); the document's keys and values of the KV head (stride KVD) */
-    float *chunk_A, *chunk_lse;    /* (DOC_CHUNKS, rows, d), (DOC_CHUNKS, rows): each chunk's state */
+    const float *q;                /* (G, rows, d) each KV group's queries */
+    const float *key, *value;      /* the layer's document keys and values (n, KVD) */
+    float *chunk_A, *chunk_lse;    /* (DOC_CHUNKS, G, rows, d), (DOC_CHUNKS, G, rows): each chunk's states */
     float *scores;                 /* (rows, n): chunk c's block (rows, its keys) at rows * (its first key) */
-    int rows, d, KVD, n, chunk;    /* n keys in chunks of `chunk` */
+    int G, rows, d, KVD, n, chunk; /* n keys in chunks of `chunk` */
 } DocChunks;
 
+/* The chunk's state for each KV group in turn: its keys' rows are read from
+ * memory by the first group, the other groups find them in the cache. */
 static void doc_chunk_task(void *ctx, int c) {
     const DocChunks *j = ctx;
     int k0 = c * j->chunk, nk = j->n - k0 < j->chunk ? j->n - k0 : j->chunk;
-    attention_states(j->rows, nk, j->d, j->q, j->d, j->key + (size_t)k0 * j->KVD, j->value + (size_t)k0 * j->KVD,
-                     j->KVD, nk, j->chunk_A + (size_t)c * j->rows * j->d, j->d, j->chunk_lse + (size_t)c * j->rows, 1,
-                     j->scores + (size_t)k0 * j->rows);
+    for (int g = 0; g < j->G; g++) {
+        size_t kv = (size_t)k0 * j->KVD + (size_t)g * j->d, state = ((size_t)c * j->G + g) * j->rows;
+        attention_states(j->rows, nk, j->d, j->q + (size_t)g * j->rows * j->d, j->d, j->key + kv, j->value + kv,
+                         j->KVD, nk, j->chunk_A + state * j->d, j->d, j->chunk_lse + state, 1,
+                         j->scores + (size_t)k0 * j->rows);
+    }
 }
 
-/* The state of all n keys: the chunks' states merged in order, into A (rows, d) and lse (rows). */
+/* The state of all n keys for the G groups: the chunks' states merged in
+ * order, into A (G, rows, d) and lse (G, rows). */
 static void merge_chunks(const DocChunks *j, int chunks, float *A, float *lse) {
-    for (int r = 0; r < j->rows; r++) {
-        memcpy(A + (size_t)r * j->d, j->chunk_A + (size_t)r * j->d, j->d * sizeof(float));
+    int d = j->d, states = j->G * j->rows;  /* (group, row) pairs */
+    for (int r = 0; r < states; r++) {
+        memcpy(A + (size_t)r * d, j->chunk_A + (size_t)r * d, d * sizeof(float));
         lse[r] = j->chunk_lse[r];
         for (int c = 1; c < chunks; c++)
-            merge_states(j->d, A + (size_t)r * j->d, lse[r], j->chunk_A + ((size_t)c * j->rows + r) * j->d,
-                         j->chunk_lse[(size_t)c * j->rows + r], A + (size_t)r * j->d, &lse[r]);
+            merge_states(d, A + (size_t)r * d, lse[r], j->chunk_A + ((size_t)c * states + r) * d,
+                         j->chunk_lse[(size_t)c * states + r], A + (size_t)r * d, &lse[r]);
     }
 }
 
 /* Exact: the document's state from its KV cache (no cache: the empty
- * state). As the Nectar path below, the queries of a KV head's group in one
- * batch, so its keys and values are read once; the keys in chunks on the
- * pool's threads, whose states merge exactly. */
+ * state). As the Nectar path below, the queries of each KV head's group in
+ * one batch, so its keys and values are read once; the keys in chunks on
+ * the pool's threads, whose states merge exactly. */
 static void document_states_exact(const Model *m, RunState *s, const DocCache *cache, int l, int ntok) {
     const Config *c = &m->config;
-    int D = c->dim, H = c->n_heads, d = D / H, KVD = d * c->n_kv_heads, group = H / c->n_kv_heads;
+    int D = c->dim, H = c->n_heads, G = c->n_kv_heads, d = D / H, KVD = d * G, group = H / G;
     int n = cache ? cache->n : 0, rows = ntok * group;
     if (n == 0) {
         memset(s->doc_A, 0, (size_t)ntok * D * sizeof(float));
         for (int i = 0; i < ntok * H; i++) s->doc_lse[i] = -INFINITY;
         return;
     }
+    /* the heads of group g are adjacent: row t holds group * d floats at q + t D + g group d */
+    for (int g = 0; g < G; g++)
+        copy_rows(s->mq + (size_t)g * rows * d, group * d, s->q + g * group * d, D, ntok, group * d);
     int chunk = (n + DOC_CHUNKS - 1) / DOC_CHUNKS;
     if (chunk < MIN_CHUNK_KEYS) chunk = MIN_CHUNK_KEYS;
-    for (int g = 0; g < c->n_kv_heads; g++) {
-        copy_rows(s->mq, group * d, s->q + g * group * d, D, ntok, group * d);  /* as in the Nectar path */
-        size_t kv = (size_t)l * n * KVD + (size_t)g * d;
-        DocChunks job = {s->mq, cache->key + kv, cache->value + kv, s->chunk_A, s->chunk_lse, s->scores,
-                         rows, d, KVD, n, chunk};
-        int chunks = (n + chunk - 1) / chunk;
-        parallel_for(chunks, doc_chunk_task, &job);
-        merge_chunks(&job, chunks, s->mA, s->ma);
-        copy_rows(s->doc_A + g * group * d, D, s->mA, group * d, ntok, group * d);
-        copy_rows(s->doc_lse + g * group, H, s->ma, group, ntok, group);
+    int chunks = (n + chunk - 1) / chunk;
+    DocChunks job = {s->mq, cache->key + (size_t)l * n * KVD, cache->value + (size_t)l * n * KVD, s->chunk_A,
+                     s->chunk_lse, s->scores, G, rows, d, KVD, n, chunk};
+    parallel_for(chunks, doc_chunk_task, &job);
+    merge_chunks(&job, chunks, s->mA, s->ma);
+    for (int g = 0; g < G; g++) {
+        copy_rows(s->doc_A + g * group * d, D, s->mA + (size_t)g * rows * d, group * d, ntok, group * d);
+        copy_rows(s->doc_lse + g * group, H, s->ma + (size_t)g * rows, group, ntok, group);
     }
 }
 
@@ -905,9 +949,9 @@ static void layer_forward(const Model *m, RunState *s, const Document *doc, int 
     for (int t = 0; t < ntok; t++)
         rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, w->rms_att + (size_t)l * D, D, c->norm_eps);
     /* q, k, v (B, D / KVD) = xb Wq^T, xb Wk^T, xb Wv^T */
-    matmul(ntok, D, D, s->xb, w->wq + (size_t)l * D * D, 0.0f, s->q);
-    matmul(ntok, D, KVD, s->xb, w->wk + (size_t)l * KVD * D, 0.0f, s->k);
-    matmul(ntok, D, KVD, s->xb, w->wv + (size_t)l * KVD * D, 0.0f, s->v);
+    Product qkv[3] = {{w->wq + (size_t)l * D * D, D, s->q}, {w->wk + (size_t)l * KVD * D, KVD, s->k},
+                      {w->wv + (size_t)l * KVD * D, KVD, s->v}};
+    matmuls(ntok, D, s->xb, 3, qkv);
     for (int t = 0; t < ntok; t++) {
         int position = doc->n + pos + t;  /* local tokens follow the document */
         rope(s->q + (size_t)t * D, D, d, position, c->rope_theta, 1.0f);
@@ -932,8 +976,8 @@ static void layer_forward(const Model *m, RunState *s, const Document *doc, int 
     /* x = x_mid + W2 (SiLU(W1 xb2) * W3 xb2), xb2 = rmsnorm(x_mid) */
     for (int t = 0; t < ntok; t++)
         rmsnorm(s->xb2 + (size_t)t * D, s->x_mid + (size_t)t * D, w->rms_ffn + (size_t)l * D, D, c->norm_eps);
-    matmul(ntok, D, F, s->xb2, w->w1 + (size_t)l * F * D, 0.0f, s->hb);
-    matmul(ntok, D, F, s->xb2, w->w3 + (size_t)l * F * D, 0.0f, s->hb2);
+    Product w13[2] = {{w->w1 + (size_t)l * F * D, F, s->hb}, {w->w3 + (size_t)l * F * D, F, s->hb2}};
+    matmuls(ntok, D, s->xb2, 2, w13);  /* hb, hb2 = xb2 W1^T, xb2 W3^T */
     #pragma omp simd
     for (size_t i = 0; i < (size_t)ntok * F; i++) s->hgate[i] = silu(s->hb[i]) * s->hb2[i];
     memcpy(s->x, s->x_mid, (size_t)ntok * D * sizeof(float));

@@ -341,8 +341,8 @@ typedef struct {
     float *mq;          /* (B * H, d) queries gathered per KV head (DOC_NECTAR, or an exact document) */
     float *ma;          /* (B * H) their document state: module scores, or lse */
     float *mA;          /* (B * H, d) module targets, or A */
-    float *chunk_A;     /* (DOC_CHUNKS, B * H / G, d) an exact document's state per chunk of its keys */
-    float *chunk_lse;   /* (DOC_CHUNKS, B * H / G) */
+    float *chunk_A;     /* (DOC_CHUNKS, B * H, d) an exact document's states per chunk of its keys */
+    float *chunk_lse;   /* (DOC_CHUNKS, B * H) */
     ModuleWork work;    /* for DOC_NECTAR */
     TeacherTaps taps;   /* NULL unless runstate_enable_taps: forward copies into them */
     BackwardBuffers back; /* NULL unless runstate_enable_backward */
