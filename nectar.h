@@ -272,9 +272,10 @@ typedef struct DocCache {
     uint64_t fingerprint; /* hash of the document's token ids */
 } DocCache;
 
-/* An exact document's keys are split into at most DOC_CHUNKS chunks, whose
- * states merge: the chunks run on the pool's threads. */
-enum { DOC_CHUNKS = 8 };
+/* An exact document's keys are split into chunks of DOC_CHUNK_KEYS keys
+ * (the last one shorter), whose states merge: the chunks run on the pool's
+ * threads. */
+enum { DOC_CHUNK_KEYS = 256 };
 
 /* Where the document's attention state comes from: its KV cache (exact) or
  * its modules (Nectar). */
@@ -341,8 +342,8 @@ typedef struct {
     float *mq;          /* (B * H, d) queries gathered per KV head (DOC_NECTAR, or an exact document) */
     float *ma;          /* (B * H) their document state: module scores, or lse */
     float *mA;          /* (B * H, d) module targets, or A */
-    float *chunk_A;     /* (DOC_CHUNKS, B * H, d) an exact document's states per chunk of its keys */
-    float *chunk_lse;   /* (DOC_CHUNKS, B * H) */
+    float *chunk_A;     /* (n / DOC_CHUNK_KEYS rounded up, B * H, d) an exact document's states per chunk */
+    float *chunk_lse;   /* (n / DOC_CHUNK_KEYS rounded up, B * H) */
     ModuleWork work;    /* for DOC_NECTAR */
     TeacherTaps taps;   /* NULL unless runstate_enable_taps: forward copies into them */
     BackwardBuffers back; /* NULL unless runstate_enable_backward */
