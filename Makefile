@@ -97,6 +97,7 @@ SRC_train        := train.c $(LIB_SRC)
 SRC_benchmark    := bench.c $(LIB_SRC)
 SRC_pretrain     := pretrain.c corpus.c $(LIB_SRC)
 SRC_test_core    := tests/test_core.c $(filter-out nectar.c,$(LIB_SRC))
+tests/test_core build-asan/test_core: nectar.c  # included by tests/test_core.c
 SRC_test_corpus  := tests/test_corpus.c corpus.c $(LIB_SRC)
 SRC_random_model := tests/random_model.c $(LIB_SRC)
 SRC_test_gguf    := tests/test_gguf.c gguf.c

@@ -687,7 +687,7 @@ static int forward_buffers(RunState *s, const Config *c, RunBuffer *t) {
     RunBuffer list[] = {
         {&s->x, B * D}, {&s->xb, B * D}, {&s->q, B * D}, {&s->k, B * KVD}, {&s->v, B * KVD},
         {&s->att, B * D}, {&s->doc_A, B * D}, {&s->doc_lse, B * H}, {&s->loc_A, B * D}, {&s->loc_lse, B * H},
-        {&s->x_mid, B * D}, {&s->xb2, B * D}, {&s->hb, B * F}, {&s->hb2, B * F}, {&s->hgate, B * F},
+        {&s->rope, B * (D / H)}, {&s->x_mid, B * D}, {&s->xb2, B * D}, {&s->hb, B * F}, {&s->hb2, B * F}, {&s->hgate, B * F},
         {&s->scores, B * keys}, {&s->logits, B * c->vocab_size},
         {&s->key_cache, L * C * KVD}, {&s->value_cache, L * C * KVD},
         {&s->mq, M * B * D}, {&s->ma, M * B * H}, {&s->mA, M * B * D},
@@ -783,12 +783,24 @@ static void rmsnorm_backward(float *dx, float *dw, const float *x, const float *
 
 /* RoPE, llama2.c convention: each adjacent pair (v_i, v_i+1) of a head is
  * rotated by the angle pos * theta^(-(i mod d) / d) (theta: 10000 in llama2.c,
- * the file's rope.freq_base in a GGUF). direction -1 rotates back: the
- * backward of the rotation. */
-static void rope(float *vec, int n, int head_size, int pos, float theta, float direction) {
-    for (int i = 0; i < head_size; i += 2) {  /* one angle per pair index, shared by every head */
-        float freq = 1.0f / powf(theta, i / (float)head_size);
-        float angle = pos * freq, fcr = cosf(angle), fci = direction * sinf(angle);
+ * the file's rope.freq_base in a GGUF). The angles of a block's rows are
+ * the same in every layer: rope_angles computes their cosines and sines
+ * once a forward, cs (ntok, d) holding (cos, sin) of pair i at 2 (i / 2). */
+static void rope_angles(float *cs, int ntok, int first_position, int head_size, float theta) {
+    for (int t = 0; t < ntok; t++)
+        for (int i = 0; i < head_size; i += 2) {  /* one angle per pair index, shared by every head */
+            float freq = 1.0f / powf(theta, i / (float)head_size), angle = (first_position + t) * freq;
+            cs[(size_t)t * head_size + i] = cosf(angle);
+            cs[(size_t)t * head_size + i + 1] = sinf(angle);
+        }
+}
+
+/* Rotates every pair of vec (n, a multiple of the head size) by its angle
+ * (cs: one row of rope_angles); direction -1 rotates back: the backward of
+ * the rotation. */
+static void rope(float *vec, int n, int head_size, const float *cs, float direction) {
+    for (int i = 0; i < head_size; i += 2) {
+        float fcr = cs[i], fci = direction * cs[i + 1];
         for (int j = i; j < n; j += head_size) {
             float v0 = vec[j], v1 = vec[j + 1];
             vec[j] = v0 * fcr - v1 * fci;
@@ -950,10 +962,9 @@ static void layer_forward(const Model *m, RunState *s, const Document *doc, int 
     Product qkv[3] = {{w->wq + (size_t)l * D * D, D, s->q}, {w->wk + (size_t)l * KVD * D, KVD, s->k},
                       {w->wv + (size_t)l * KVD * D, KVD, s->v}};
     matmuls(ntok, D, s->xb, 3, qkv);
-    for (int t = 0; t < ntok; t++) {
-        int position = doc->n + pos + t;  /* local tokens follow the document */
-        rope(s->q + (size_t)t * D, D, d, position, c->rope_theta, 1.0f);
-        rope(s->k + (size_t)t * KVD, KVD, d, position, c->rope_theta, 1.0f);
+    for (int t = 0; t < ntok; t++) {  /* at positions doc->n + pos + t: local tokens follow the document */
+        rope(s->q + (size_t)t * D, D, d, s->rope + (size_t)t * d, 1.0f);
+        rope(s->k + (size_t)t * KVD, KVD, d, s->rope + (size_t)t * d, 1.0f);
     }
     size_t cache_row = ((size_t)l * s->capacity + pos) * KVD;
     memcpy(s->key_cache + cache_row, s->k, (size_t)ntok * KVD * sizeof(float));
@@ -1012,6 +1023,7 @@ int forward(const Model *m, RunState *s, const Document *doc, const int *tokens,
     s->block_ntok = ntok;
     for (int t = 0; t < ntok; t++)
         memcpy(s->x + (size_t)t * D, m->w.token_embedding + (size_t)tokens[t] * D, D * sizeof(float));
+    rope_angles(s->rope, ntok, doc->n + pos, D / c->n_heads, c->rope_theta);
     for (int l = 0; l < c->n_layers; l++) {
         float *saved = s->back.saved_x;  /* kept for backward: layer l's input */
         if (saved) memcpy(saved + (size_t)l * s->max_block * D, s->x, (size_t)ntok * D * sizeof(float));
@@ -1169,8 +1181,8 @@ static void layer_backward(const Model *m, RunState *s, const Document *doc, int
     else attention_exact_backward(m, s, doc, l, ntok);
     /* q, k rotated at their positions: rotate the gradients back */
     for (int t = 0; t < ntok; t++) {
-        rope(b->dq + (size_t)t * D, D, d, doc->n + t, c->rope_theta, -1.0f);
-        rope(b->dk + (size_t)t * KVD, KVD, d, doc->n + t, c->rope_theta, -1.0f);
+        rope(b->dq + (size_t)t * D, D, d, s->rope + (size_t)t * d, -1.0f);  /* the forward's angles */
+        rope(b->dk + (size_t)t * KVD, KVD, d, s->rope + (size_t)t * d, -1.0f);
     }
     /* q, k, v = xb Wq^T, xb Wk^T, xb Wv^T */
     input_grad(ntok, D, D, b->dq, w->wq + (size_t)l * D * D, 0.0f, b->dxb);

@@ -404,6 +404,81 @@ static void test_exact_state_modules_reproduce_full_cache(void) {
     model_free(&m);
 }
 
+/* parallel_for runs every task exactly once, with one to three threads,
+ * its tasks calling parallel_for again (run inline). */
+typedef struct { int *count; int n_inner; } TaskCounts;
+
+static void count_inner_task(void *ctx, int i) { ((int *)ctx)[i]++; }
+
+static void count_task(void *ctx, int i) {
+    TaskCounts *t = ctx;
+    t->count[i]++;
+    if (t->n_inner) parallel_for(t->n_inner, count_inner_task, t->count + 1000 + i * t->n_inner);
+}
+
+static void test_parallel_for_runs_every_task_once(void) {
+    printf("parallel_for\n");
+    int sizes[] = {0, 1, 2, 3, 7, 64, 1000}, ok = 1, *count = xmalloc((1000 + 1000 * 5) * sizeof(int));
+    for (int threads = 1; threads <= 3; threads++) {
+        parallel_set_threads(threads);
+        for (int k = 0; k < 7; k++)
+            for (int n_inner = 0; n_inner <= 5; n_inner += 5) {
+                memset(count, 0, (1000 + 1000 * 5) * sizeof(int));
+                TaskCounts t = {count, n_inner};
+                for (int rep = 0; rep < 50; rep++) parallel_for(sizes[k], count_task, &t);
+                for (int i = 0; i < 1000 + 1000 * 5; i++) {
+                    int want = i < 1000 ? (i < sizes[k] ? 50 : 0) : (i - 1000 < sizes[k] * n_inner ? 50 : 0);
+                    if (count[i] != want) ok = 0;
+                }
+            }
+    }
+    parallel_set_threads(0);
+    check("every task once, 0 to 1000 tasks, nested calls, 1 to 3 threads", ok);
+    free(count);
+}
+
+/* An exact document longer than one chunk of keys (600 = 256 + 256 + 88):
+ * its chunks' states, merged, give the logits of one causal sequence over
+ * document + prompt, through prefill and decode, on one to three threads. */
+static void test_chunked_document_equals_one_sequence(void) {
+    printf("exact document in chunks of %d keys\n", DOC_CHUNK_KEYS);
+    Model m;
+    model_init_random(&m, small_gqa, 1, 8, 0.15f);
+    const Config *c = &m.config;
+    enum { NDOC = 600, NPROMPT = 5, NDEC = 4, N = NDOC + NPROMPT + NDEC };
+    int all[N];
+    uint64_t rng = 9;
+    for (int i = 0; i < N; i++) all[i] = 3 + rng_u32(&rng) % (c->vocab_size - 3);
+    RunState ref;
+    runstate_alloc(&ref, &m, &NO_DOCUMENT, N, N);
+    forward(&m, &ref, &NO_DOCUMENT, all, N, 0, LOGITS_ALL);
+    DocCache cache;
+    doccache_build(&cache, &m, all, NDOC, 256);
+    Document doc = {DOC_EXACT, NDOC, &cache, NULL};
+    for (int threads = 1; threads <= 3; threads++) {
+        parallel_set_threads(threads);
+        RunState s;
+        runstate_alloc(&s, &m, &doc, NPROMPT, NPROMPT + NDEC);
+        float *got = xmalloc((size_t)(NPROMPT + NDEC) * c->vocab_size * sizeof(float));
+        forward(&m, &s, &doc, all + NDOC, NPROMPT, 0, LOGITS_ALL);
+        memcpy(got, s.logits, (size_t)NPROMPT * c->vocab_size * sizeof(float));
+        for (int t = 0; t < NDEC; t++) {
+            forward(&m, &s, &doc, &all[NDOC + NPROMPT + t], 1, NPROMPT + t, LOGITS_LAST);
+            memcpy(got + (size_t)(NPROMPT + t) * c->vocab_size, s.logits, c->vocab_size * sizeof(float));
+        }
+        char what[96];
+        snprintf(what, sizeof what, "%d threads: prompt and %d decode steps vs one sequence", threads, NDEC);
+        check_close_f(what, got, ref.logits + (size_t)NDOC * c->vocab_size, (size_t)(NPROMPT + NDEC) * c->vocab_size,
+                      1e-4, 1e-4);
+        free(got);
+        runstate_free(&s);
+    }
+    parallel_set_threads(0);
+    doccache_free(&cache);
+    runstate_free(&ref);
+    model_free(&m);
+}
+
 /* Prefill in one block gives the logits of token-by-token decoding. */
 static void test_prefill_equals_decode(void) {
     printf("prefill vs token-by-token\n");
@@ -581,7 +656,9 @@ static void test_op_backward_matches_finite_differences(void) {
     fill_normal(v, N, 1.0f, &rng);
     fill_normal(g, N, 1.0f, &rng);
     memcpy(gr, g, sizeof g);
-    rope(gr, N, 8, 37, 100000.0f, -1.0f);
+    float cs[8];
+    rope_angles(cs, 1, 37, 8, 100000.0f);
+    rope(gr, N, 8, cs, -1.0f);
     double fdr[N];
     for (int j = 0; j < N; j++) {
         double L[2];
@@ -989,6 +1066,8 @@ int main(void) {
     test_width_is_largest_within_budget();
     test_exact_state_modules_reproduce_full_cache();
     test_prefill_equals_decode();
+    test_parallel_for_runs_every_task_once();
+    test_chunked_document_equals_one_sequence();
     test_checkpoint_roundtrip_is_exact();
     test_logits_match_numpy_reference("ref_gqa");
     test_logits_match_numpy_reference("ref_mha_unshared");
