@@ -489,7 +489,7 @@ void quad_init_from_cache(ModuleSet *s, const DocCache *doc) {
             Module *mod = &s->modules[l * G + g];
             float *W = mod->params, *Z = mod->params + (size_t)mod->n_pairs * d;
             for (int j = 0; j < mod->n_pairs; j++) {
-                size_t src = ((size_t)l * doc->n + j) * doc->kv_dim + (size_t)g * d;
+                size_t src = (((size_t)l * G + g) * doc->n + j) * d;  /* (L, G, n, d) */
                 memcpy(W + (size_t)j * d, doc->key + src, d * sizeof(float));
                 memcpy(Z + (size_t)j * d, doc->value + src, d * sizeof(float));
             }
@@ -814,9 +814,9 @@ enum { LOCAL_ROWS = 32 };
 
 /* One head's local attention over one chunk of the block's rows. */
 typedef struct {
-    const float *q, *key, *value;  /* the head's queries (stride D), its KV head's keys and values (stride KVD) */
+    const float *q, *key, *value;  /* the head's queries (stride D), its KV head's keys and values (stride ldkv) */
     float *A, *lse, *scores;       /* its state (strides D and H) and the block's scores (ntok, pos + ntok) */
-    int ntok, pos, d, D, H, KVD;
+    int ntok, pos, d, D, H, ldkv;
 } LocalRows;
 
 /* Rows [r0, r0 + nr) see keys j < pos + 1 + r: the keys from pos + r0 + nr
@@ -824,7 +824,7 @@ typedef struct {
 static void local_rows_task(void *ctx, int chunk) {
     const LocalRows *j = ctx;
     int r0 = chunk * LOCAL_ROWS, nr = j->ntok - r0 < LOCAL_ROWS ? j->ntok - r0 : LOCAL_ROWS;
-    attention_states(nr, j->pos + r0 + nr, j->d, j->q + (size_t)r0 * j->D, j->D, j->key, j->value, j->KVD,
+    attention_states(nr, j->pos + r0 + nr, j->d, j->q + (size_t)r0 * j->D, j->D, j->key, j->value, j->ldkv,
                      j->pos + 1 + r0, j->A + (size_t)r0 * j->D, j->D, j->lse + (size_t)r0 * j->H, j->H,
                      j->scores + (size_t)r0 * (j->pos + j->ntok));
 }
@@ -834,12 +834,11 @@ static void local_rows_task(void *ctx, int chunk) {
  * in chunks on the pool's threads. */
 static void local_states(const Model *m, RunState *s, int l, int ntok, int pos) {
     const Config *c = &m->config;
-    int D = c->dim, H = c->n_heads, d = D / H, KVD = d * c->n_kv_heads, group = H / c->n_kv_heads;
-    size_t layer = (size_t)l * s->capacity * KVD;
+    int D = c->dim, H = c->n_heads, G = c->n_kv_heads, d = D / H, group = H / G;
     for (int h = 0; h < H; h++) {
-        size_t kv = layer + (size_t)(h / group) * d;
+        size_t kv = ((size_t)l * G + h / group) * s->capacity * d;  /* its KV head's keys, (capacity, d) */
         LocalRows job = {s->q + h * d, s->key_cache + kv, s->value_cache + kv, s->loc_A + h * d, s->loc_lse + h,
-                         s->scores, ntok, pos, d, D, H, KVD};
+                         s->scores, ntok, pos, d, D, H, d};
         parallel_for((ntok + LOCAL_ROWS - 1) / LOCAL_ROWS, local_rows_task, &job);
     }
 }
@@ -847,23 +846,20 @@ static void local_states(const Model *m, RunState *s, int l, int ntok, int pos) 
 /* One chunk of an exact document's keys, for the queries of every KV group. */
 typedef struct {
     const float *q;                /* (G, rows, d) each KV group's queries */
-    const float *key, *value;      /* the layer's document keys and values (n, KVD) */
+    const float *key, *value;      /* the layer's document keys and values (G, n, d) */
     float *chunk_A, *chunk_lse;    /* (chunks, G, rows, d), (chunks, G, rows): each chunk's states */
     float *scores;                 /* (rows, n): chunk c's block (rows, its keys) at rows * (its first key) */
-    int G, rows, d, KVD, n, chunk; /* n keys in chunks of `chunk` */
+    int G, rows, d, n, chunk;      /* n keys in chunks of `chunk` */
 } DocChunks;
 
-/* The chunk's state for each KV group in turn: its keys' rows are read from
- * memory by the first group, the other groups find them in the cache (a
- * chunk's keys and values, 2 DOC_CHUNK_KEYS KVD floats, fit in L2: 384 KB
- * for SmolLM2; with 1024 keys, decode after 8K read them at half the speed). */
+/* The chunk's state for each KV group in turn. */
 static void doc_chunk_task(void *ctx, int c) {
     const DocChunks *j = ctx;
     int k0 = c * j->chunk, nk = j->n - k0 < j->chunk ? j->n - k0 : j->chunk;
     for (int g = 0; g < j->G; g++) {
-        size_t kv = (size_t)k0 * j->KVD + (size_t)g * j->d, state = ((size_t)c * j->G + g) * j->rows;
+        size_t kv = ((size_t)g * j->n + k0) * j->d, state = ((size_t)c * j->G + g) * j->rows;
         attention_states(j->rows, nk, j->d, j->q + (size_t)g * j->rows * j->d, j->d, j->key + kv, j->value + kv,
-                         j->KVD, nk, j->chunk_A + state * j->d, j->d, j->chunk_lse + state, 1,
+                         j->d, nk, j->chunk_A + state * j->d, j->d, j->chunk_lse + state, 1,
                          j->scores + (size_t)k0 * j->rows);
     }
 }
@@ -887,7 +883,7 @@ static void merge_chunks(const DocChunks *j, int chunks, float *A, float *lse) {
  * the pool's threads, whose states merge exactly. */
 static void document_states_exact(const Model *m, RunState *s, const DocCache *cache, int l, int ntok) {
     const Config *c = &m->config;
-    int D = c->dim, H = c->n_heads, G = c->n_kv_heads, d = D / H, KVD = d * G, group = H / G;
+    int D = c->dim, H = c->n_heads, G = c->n_kv_heads, d = D / H, group = H / G;
     int n = cache ? cache->n : 0, rows = ntok * group;
     if (n == 0) {
         memset(s->doc_A, 0, (size_t)ntok * D * sizeof(float));
@@ -898,8 +894,9 @@ static void document_states_exact(const Model *m, RunState *s, const DocCache *c
     for (int g = 0; g < G; g++)
         copy_rows(s->mq + (size_t)g * rows * d, group * d, s->q + g * group * d, D, ntok, group * d);
     int chunk = DOC_CHUNK_KEYS, chunks = (n + chunk - 1) / chunk;
-    DocChunks job = {s->mq, cache->key + (size_t)l * n * KVD, cache->value + (size_t)l * n * KVD, s->chunk_A,
-                     s->chunk_lse, s->scores, G, rows, d, KVD, n, chunk};
+    size_t layer = (size_t)l * G * n * d;
+    DocChunks job = {s->mq, cache->key + layer, cache->value + layer, s->chunk_A, s->chunk_lse, s->scores,
+                     G, rows, d, n, chunk};
     parallel_for(chunks, doc_chunk_task, &job);
     merge_chunks(&job, chunks, s->mA, s->ma);
     for (int g = 0; g < G; g++) {
@@ -966,9 +963,11 @@ static void layer_forward(const Model *m, RunState *s, const Document *doc, int 
         rope(s->q + (size_t)t * D, D, d, s->rope + (size_t)t * d, 1.0f);
         rope(s->k + (size_t)t * KVD, KVD, d, s->rope + (size_t)t * d, 1.0f);
     }
-    size_t cache_row = ((size_t)l * s->capacity + pos) * KVD;
-    memcpy(s->key_cache + cache_row, s->k, (size_t)ntok * KVD * sizeof(float));
-    memcpy(s->value_cache + cache_row, s->v, (size_t)ntok * KVD * sizeof(float));
+    for (int g = 0; g < c->n_kv_heads; g++) {  /* the cache holds each KV head's keys contiguously */
+        size_t cache_row = (((size_t)l * c->n_kv_heads + g) * s->capacity + pos) * d;
+        copy_rows(s->key_cache + cache_row, d, s->k + g * d, KVD, ntok, d);
+        copy_rows(s->value_cache + cache_row, d, s->v + g * d, KVD, ntok, d);
+    }
 
     if (doc->mode == DOC_NECTAR) attention_nectar(m, s, doc, l, ntok, pos);
     else attention_exact(m, s, doc, l, ntok, pos);
@@ -1053,14 +1052,13 @@ static void local_states_backward(const Model *m, RunState *s, int l, int ntok) 
     memset(b->dq, 0, (size_t)ntok * D * sizeof(float));
     memset(b->dk, 0, (size_t)ntok * KVD * sizeof(float));
     memset(b->dv, 0, (size_t)ntok * KVD * sizeof(float));
-    size_t layer = (size_t)l * s->capacity * KVD;
-    for (int h = 0; h < H; h++) {
-        size_t kv = layer + (size_t)(h / group) * d;
-        attention_states(ntok, ntok, d, s->q + h * d, D, s->key_cache + kv, s->value_cache + kv, KVD, 1,
+    for (int h = 0; h < H; h++) {  /* the block's own keys and values, as cached: s->k, s->v, stride KVD as dk, dv */
+        size_t kv = (size_t)(h / group) * d;
+        attention_states(ntok, ntok, d, s->q + h * d, D, s->k + kv, s->v + kv, KVD, 1,
                          s->loc_A + h * d, D, s->loc_lse + h, H, s->scores);
-        attention_states_backward(ntok, ntok, d, s->q + h * d, D, s->key_cache + kv, s->value_cache + kv, KVD,
+        attention_states_backward(ntok, ntok, d, s->q + h * d, D, s->k + kv, s->v + kv, KVD,
                                   s->loc_A + h * d, b->dloc_A + h * d, D, b->dloc_lse + h, H, s->scores,
-                                  b->dq + h * d, b->dk + (h / group) * d, b->dv + (h / group) * d, b->tmp);
+                                  b->dq + h * d, b->dk + kv, b->dv + kv, b->tmp);
     }
 }
 
@@ -1069,14 +1067,14 @@ static void local_states_backward(const Model *m, RunState *s, int l, int ntok) 
 static void document_states_exact_backward(const Model *m, RunState *s, const DocCache *cache, int l, int ntok) {
     const Config *c = &m->config;
     BackwardBuffers *b = &s->back;
-    int d = c->dim / c->n_heads, KVD = d * c->n_kv_heads, group = c->n_heads / c->n_kv_heads;
+    int d = c->dim / c->n_heads, group = c->n_heads / c->n_kv_heads;
     int n = cache ? cache->n : 0;
     if (n == 0) return;
     for (int h = 0; h < c->n_heads; h++) {
-        size_t kv = ((size_t)l * n) * KVD + (size_t)(h / group) * d;
-        attention_states(ntok, n, d, s->q + h * d, c->dim, cache->key + kv, cache->value + kv, KVD, n,
+        size_t kv = ((size_t)l * c->n_kv_heads + h / group) * n * d;  /* its KV head's keys, (n, d) */
+        attention_states(ntok, n, d, s->q + h * d, c->dim, cache->key + kv, cache->value + kv, d, n,
                          s->doc_A + h * d, c->dim, s->doc_lse + h, c->n_heads, s->scores);
-        attention_states_backward(ntok, n, d, s->q + h * d, c->dim, cache->key + kv, cache->value + kv, KVD,
+        attention_states_backward(ntok, n, d, s->q + h * d, c->dim, cache->key + kv, cache->value + kv, d,
                                   s->doc_A + h * d, b->ddoc_A + h * d, c->dim, b->ddoc_lse + h, c->n_heads,
                                   s->scores, b->dq + h * d, NULL, NULL, b->tmp);
     }

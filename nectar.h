@@ -264,11 +264,15 @@ void adamw_update(float *params, const float *grads, float *m, float *v, size_t 
 /* ------------------------------------------------------------------------ */
 /* 4. The transformer's forward and backward passes                         */
 
+/* On the CPU each KV head's keys (and values) lie together, (L, G, n, d):
+ * a head's attention reads them as one stream (a decode step's products of
+ * three queries against them ran at half the speed with the heads
+ * interleaved, (L, n, KVD)). nectar_cuda.cu's device copies keep (L, n, KVD). */
 typedef struct DocCache {
     int n;          /* document tokens */
     int n_layers, kv_dim;
-    float *key;     /* (L, n, KVD) rotated at positions 0..n-1 */
-    float *value;   /* (L, n, KVD) */
+    float *key;     /* (L, G, n, d) rotated at positions 0..n-1 */
+    float *value;   /* (L, G, n, d) */
     uint64_t fingerprint; /* hash of the document's token ids */
 } DocCache;
 
@@ -338,8 +342,8 @@ typedef struct {
     float *hgate;   /* (B, F) SiLU(hb) * hb2 */
     float *scores;  /* (B, max(capacity, (H / G) n)): a head's B local rows, or a KV group's B (H / G) over n keys */
     float *logits;  /* (B, V) */
-    float *key_cache;   /* (L, capacity, KVD) local keys, rotated */
-    float *value_cache; /* (L, capacity, KVD) */
+    float *key_cache;   /* (L, G, capacity, d) local keys, rotated (the GPU's: (L, capacity, KVD)) */
+    float *value_cache; /* (L, G, capacity, d) */
     float *mq;          /* (B * H, d) queries gathered per KV head (DOC_NECTAR, or an exact document) */
     float *ma;          /* (B * H) their document state: module scores, or lse */
     float *mA;          /* (B * H, d) module targets, or A */

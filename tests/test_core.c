@@ -392,8 +392,8 @@ static void test_exact_state_modules_reproduce_full_cache(void) {
     fill_normal(q, 4 * d, 1.0f, &rng);
     module_forward(&oracle, &oracle.modules[1 * c->n_kv_heads + 1], &w, q, 4, a, A);
     for (int i = 0; i < 4; i++)
-        naive_state(NDOC, d, q + i * d, cache.key + (size_t)1 * NDOC * cache.kv_dim + d,
-                    cache.value + (size_t)1 * NDOC * cache.kv_dim + d, cache.kv_dim, rA + i * d, &ra[i]);
+        naive_state(NDOC, d, q + i * d, cache.key + (size_t)(1 * c->n_kv_heads + 1) * NDOC * d,
+                    cache.value + (size_t)(1 * c->n_kv_heads + 1) * NDOC * d, d, rA + i * d, &ra[i]);
     check_close("quadrature p=n, W=K, Z=V: alpha", a, ra, 4, 1e-5, 1e-5);
     check_close("quadrature p=n, W=K, Z=V: A", A, rA, 4 * d, 1e-5, 1e-4);
     modulework_free(&w);
