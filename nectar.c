@@ -687,6 +687,7 @@ static int forward_buffers(RunState *s, const Config *c, RunBuffer *t) {
     RunBuffer list[] = {
         {&s->x, B * D}, {&s->xb, B * D}, {&s->q, B * D}, {&s->k, B * KVD}, {&s->v, B * KVD},
         {&s->att, B * D}, {&s->doc_A, B * D}, {&s->doc_lse, B * H}, {&s->loc_A, B * D}, {&s->loc_lse, B * H},
+        {&s->tile_A, B * D}, {&s->tile_lse, B * H},
         {&s->rope, B * (D / H)}, {&s->x_mid, B * D}, {&s->xb2, B * D}, {&s->hb, B * F}, {&s->hb2, B * F}, {&s->hgate, B * F},
         {&s->scores, B * keys}, {&s->logits, B * c->vocab_size},
         {&s->key_cache, L * C * KVD}, {&s->value_cache, L * C * KVD},
@@ -809,24 +810,42 @@ static void rope(float *vec, int n, int head_size, const float *cs, float direct
     }
 }
 
-/* A block's queries in chunks of LOCAL_ROWS rows, one chunk a task. */
-enum { LOCAL_ROWS = 32 };
+/* A block's queries in chunks of LOCAL_ROWS rows, one chunk a task; its
+ * keys in tiles of LOCAL_KEYS, whose states merge: a tile's scores (64 x
+ * 512 floats, 128 KB) stay in L2 while OpenBLAS zeroes and fills them and
+ * the softmax and P V read them (with the 8K keys of a long prefill's last
+ * blocks at once they did not). */
+enum { LOCAL_ROWS = 64, LOCAL_KEYS = 512 };
 
 /* One head's local attention over one chunk of the block's rows. */
 typedef struct {
     const float *q, *key, *value;  /* the head's queries (stride D), its KV head's keys and values (stride ldkv) */
-    float *A, *lse, *scores;       /* its state (strides D and H) and the block's scores (ntok, pos + ntok) */
+    float *A, *lse;                /* its state (strides D and H) */
+    float *tile_A, *tile_lse;      /* one tile's state, the same shape */
+    float *scores;                 /* the block's scores (ntok, pos + ntok) */
     int ntok, pos, d, D, H, ldkv;
 } LocalRows;
 
 /* Rows [r0, r0 + nr) see keys j < pos + 1 + r: the keys from pos + r0 + nr
- * on are masked for all of them and are left out. */
+ * on are masked for all of them and are left out; in a tile from key k0,
+ * row r0 + i sees its keys below pos + 1 + r0 - k0 + i (none: the empty
+ * state, which the merge leaves out). */
 static void local_rows_task(void *ctx, int chunk) {
     const LocalRows *j = ctx;
-    int r0 = chunk * LOCAL_ROWS, nr = j->ntok - r0 < LOCAL_ROWS ? j->ntok - r0 : LOCAL_ROWS;
-    attention_states(nr, j->pos + r0 + nr, j->d, j->q + (size_t)r0 * j->D, j->D, j->key, j->value, j->ldkv,
-                     j->pos + 1 + r0, j->A + (size_t)r0 * j->D, j->D, j->lse + (size_t)r0 * j->H, j->H,
-                     j->scores + (size_t)r0 * (j->pos + j->ntok));
+    int D = j->D, H = j->H, r0 = chunk * LOCAL_ROWS, nr = j->ntok - r0 < LOCAL_ROWS ? j->ntok - r0 : LOCAL_ROWS;
+    int keys = j->pos + r0 + nr;
+    const float *q = j->q + (size_t)r0 * D;
+    float *A = j->A + (size_t)r0 * D, *lse = j->lse + (size_t)r0 * H, *scores = j->scores + (size_t)r0 * (j->pos + j->ntok);
+    for (int k0 = 0; k0 < keys; k0 += LOCAL_KEYS) {
+        int nk = keys - k0 < LOCAL_KEYS ? keys - k0 : LOCAL_KEYS;
+        float *tile_A = k0 == 0 ? A : j->tile_A + (size_t)r0 * D, *tile_lse = k0 == 0 ? lse : j->tile_lse + (size_t)r0 * H;
+        attention_states(nr, nk, j->d, q, D, j->key + (size_t)k0 * j->ldkv, j->value + (size_t)k0 * j->ldkv, j->ldkv,
+                         j->pos + 1 + r0 - k0, tile_A, D, tile_lse, H, scores);
+        if (k0 > 0)
+            for (int i = 0; i < nr; i++)
+                merge_states(j->d, A + (size_t)i * D, lse[(size_t)i * H], tile_A + (size_t)i * D, tile_lse[(size_t)i * H],
+                             A + (size_t)i * D, &lse[(size_t)i * H]);
+    }
 }
 
 /* The local tokens' state: causal attention of the block's queries over the
@@ -838,7 +857,7 @@ static void local_states(const Model *m, RunState *s, int l, int ntok, int pos) 
     for (int h = 0; h < H; h++) {
         size_t kv = ((size_t)l * G + h / group) * s->capacity * d;  /* its KV head's keys, (capacity, d) */
         LocalRows job = {s->q + h * d, s->key_cache + kv, s->value_cache + kv, s->loc_A + h * d, s->loc_lse + h,
-                         s->scores, ntok, pos, d, D, H, d};
+                         s->tile_A + h * d, s->tile_lse + h, s->scores, ntok, pos, d, D, H, d};
         parallel_for((ntok + LOCAL_ROWS - 1) / LOCAL_ROWS, local_rows_task, &job);
     }
 }

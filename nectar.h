@@ -334,6 +334,8 @@ typedef struct {
     float *doc_lse; /* (B, H) */
     float *loc_A;   /* (B, H, d) local state */
     float *loc_lse; /* (B, H) */
+    float *tile_A;  /* (B, H, d) the local state of one tile of keys, merged into loc_A */
+    float *tile_lse;/* (B, H) */
     float *rope;    /* (B, d) cos and sin of each row's RoPE angles, the pair (cos, sin) of pair i at 2 (i / 2) */
     float *x_mid;   /* (B, D) residual after attention */
     float *xb2;     /* (B, D) rmsnorm(x_mid) */

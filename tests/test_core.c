@@ -439,7 +439,8 @@ static void test_parallel_for_runs_every_task_once(void) {
 
 /* An exact document longer than one chunk of keys (600 = 256 + 256 + 88):
  * its chunks' states, merged, give the logits of one causal sequence over
- * document + prompt, through prefill and decode, on one to three threads. */
+ * document + prompt, through prefill and decode, on one to three threads
+ * (the local attention of both, past 512 keys, runs in tiles that merge). */
 static void test_chunked_document_equals_one_sequence(void) {
     printf("exact document in chunks of %d keys\n", DOC_CHUNK_KEYS);
     Model m;
