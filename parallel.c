@@ -158,9 +158,15 @@ void parallel_for(int n_tasks, ParallelTask task, void *ctx) {
         pthread_mutex_unlock(&pool.lock);
     }
     run_tasks(gen, task, ctx);
-    /* wait for the tasks other threads claimed; yield the core after a
-     * while, in case the one that runs the last task waits for it */
-    for (long i = 0; atomic_load(&pool.finished) < n_tasks; i++)
-        if (i > 4096) sched_yield();
+    /* wait for the tasks other threads claimed, spinning: the pool's threads
+     * are on other cores, and yielding this one hands it to another process
+     * (a decode step took 16 ms at best with a yield after 4096 spins, 14
+     * without); only past a millisecond (more threads than cores) yield */
+    double t0 = 0;
+    for (long i = 1; atomic_load(&pool.finished) < n_tasks; i++)
+        if (i % 1024 == 0) {
+            if (t0 == 0) t0 = now_seconds();
+            else if (now_seconds() - t0 > 1e-3) sched_yield();
+        }
     atomic_store(&pool.busy, 0);
 }
