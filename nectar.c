@@ -131,15 +131,17 @@ static void gemm_batch_task(void *ctx, int task) {
 }
 
 /* The columns of C in tasks of a multiple of 16 columns (a cache line of
- * floats): about two per thread over the batch (each packs all of A, so
- * few; two let a thread that finishes early take over), four for one row
- * (nothing to pack), each product's share in proportion to its columns; a
- * small product (under 2^16 multiply-adds) in one task. One thread: each
- * product in one piece, in order. */
+ * floats): about two per thread over the batch, each product's share in
+ * proportion to its columns (few, since each task packs all of A, or starts
+ * its streams through a weight matrix anew: a decode step took 13.7 ms at
+ * best with two a thread, 14.5 with four, 15 with eight; two, so that a
+ * thread that finishes early can take over); a small product (under 2^16
+ * multiply-adds) in one task. One thread: each product in one piece, in
+ * order. */
 static void gemm_batch(GemmBatch *b) {
     int threads = parallel_threads(), columns = 0;
     for (int i = 0; i < b->count; i++) columns += b->g[i].N;
-    int tasks = (b->g[0].M == 1 ? 4 : 2) * threads;
+    int tasks = 2 * threads;
     b->first_task[0] = 0;
     for (int i = 0; i < b->count; i++) {
         Gemm *g = &b->g[i];
