@@ -32,7 +32,8 @@ typedef enum { RUN_FULL_PREFILL, RUN_REUSED_CACHE, RUN_NECTAR, RUN_NO_DOC } RunK
 
 typedef struct {
     double ttft_ms;       /* prompt (and document, for the full prefill) to first logits */
-    double decode_tps;    /* decode tokens per second after that */
+    double decode_tps;    /* decode tokens per second after that: 1 / the median token's time */
+    double decode_mean_tps; /* DECODE / the time of all of them */
     double peak_mb;       /* peak resident memory of the process */
     double prefill_gflops;/* full prefill: model FLOPs / time */
     double state_bytes;   /* the document's state: KV cache or module */
@@ -100,6 +101,17 @@ static void progress_size_ends(Progress *p) {
     p->t_last = took;
 }
 
+static int compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of x (n), which it sorts. */
+static double median(double *x, int n) {
+    qsort(x, n, sizeof(double), compare_doubles);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
 /* One configuration, in the child (which exits 1 after forward's sentence). */
 static Measure run_config(const Model *m, RunKind kind, const int *doc_ids, int n, float rho) {
     const Config *c = &m->config;
@@ -140,9 +152,14 @@ static Measure run_config(const Model *m, RunKind kind, const int *doc_ids, int 
     r.ttft_ms = (t1 - t0) * 1e3;
     if (kind == RUN_FULL_PREFILL)
         r.prefill_gflops = (forward_flops(c, n, 0, 0) + forward_flops(c, PROMPT, n, 1)) / (t1 - t0) / 1e9;
-    for (int i = 0; i < DECODE; i++)
+    double token_s[DECODE];  /* each decode step's time */
+    for (int i = 0; i < DECODE; i++) {
+        double t = now_seconds();
         if (forward(m, &s, &doc, &prompt[PROMPT + i], 1, PROMPT + i, LOGITS_LAST) != 0) _exit(1);
-    r.decode_tps = DECODE / (now_seconds() - t1);
+        token_s[i] = now_seconds() - t;
+    }
+    r.decode_mean_tps = DECODE / (now_seconds() - t1);
+    r.decode_tps = 1.0 / median(token_s, DECODE);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     r.peak_mb = ru.ru_maxrss / 1024.0;
@@ -671,7 +688,8 @@ static void print_references(const Model *m, const Options *o, const References 
     if (o->max_doc > c->seq_len)
         printf("note: documents beyond the model's context (%d) are for timing only (RoPE runs past it)\n", c->seq_len);
     printf("prompt %d tokens, then %d decoded; Nectar modules are MLPs (1,1,1) of the width that rho allows; "
-           "each row's references (streaming read, sgemm mix) are measured again around its runs; \"of roofline\": "
+           "each row's references (streaming read, sgemm mix) are measured again around its runs; decode tok/s from "
+           "the median step (robust to other processes' preemptions; the mean is in --json); \"of roofline\": "
            "decode speed over the roofline with that document's KV cache\n\n", PROMPT, DECODE);
     printf("| doc tokens | TTFT full prefill | TTFT reused KV | TTFT Nectar 2%% | prefill GFLOP/s (of sgemm) "
            "| decode tok/s exact (of roofline) | Nectar 2%% | Nectar 10%% | no doc (of roofline) | exact ms/token "
@@ -744,7 +762,7 @@ static Fitting fitting_and_amortisation(const Config *c, const Row *longest) {
      * group; requests of PROMPT prompt + 64 generated tokens */
     f.fit_seconds = 6000.0 * f.batch * c->n_layers * c->n_kv_heads / f.queries_per_s;
     const Measure *m[3] = {&longest->full, &longest->reused, &longest->n10};
-    for (int k = 0; k < 3; k++) f.per_request[k] = m[k]->ttft_ms / 1e3 + 64 / m[k]->decode_tps;
+    for (int k = 0; k < 3; k++) f.per_request[k] = m[k]->ttft_ms / 1e3 + 64 / m[k]->decode_mean_tps;
     return f;
 }
 
@@ -768,8 +786,9 @@ static void print_fitting(const Config *c, const Fitting *f) {
 }
 
 static void print_measure_json(const char *name, const Measure *m, const char *end) {
-    printf("\"%s\": {\"ttft_ms\": %.4g, \"decode_tps\": %.4g, \"peak_mb\": %.4g, \"state_bytes\": %.0f}%s", name,
-           m->ttft_ms, m->decode_tps, m->peak_mb, m->state_bytes, end);
+    printf("\"%s\": {\"ttft_ms\": %.4g, \"decode_tps\": %.4g, \"decode_mean_tps\": %.4g, \"peak_mb\": %.4g, "
+           "\"state_bytes\": %.0f}%s", name, m->ttft_ms, m->decode_tps, m->decode_mean_tps, m->peak_mb, m->state_bytes,
+           end);
 }
 
 static void print_json(const Model *m, const Options *o, const References *r, const Row *rows, int n_rows,
