@@ -2,11 +2,15 @@
  * side in one run (`make bench`). Every configuration runs in a child
  * process, so its peak resident memory is its own.
  *
- * References measured in the same run: OpenBLAS sgemm at the model's shapes
- * (prefill and module fitting are reported as a fraction of it), the
- * no-document decode, the exact path. With --gpu (a build with nvcc,
- * `make bench-gpu`) the same on the GPU against cuBLAS sgemm, and module
- * fitting on the GPU against the CPU.
+ * References measured in the same run: a streaming read of a 1 GB array on
+ * the pool's threads (decode is reported as a fraction of the memory
+ * roofline, the bytes it reads per token over that bandwidth), sgemm at
+ * the model's shapes, the better of OpenBLAS's own threads and a split over
+ * the pool (prefill and module fitting are reported as a fraction of it),
+ * the no-document decode, the exact path. --json prints the same as one
+ * JSON object. With --gpu (a build with nvcc, `make bench-gpu`) the same on
+ * the GPU against cuBLAS sgemm, and module fitting on the GPU against the
+ * CPU.
  */
 #include "nectar.h"
 #ifdef NECTAR_CUDA
@@ -28,7 +32,8 @@ typedef enum { RUN_FULL_PREFILL, RUN_REUSED_CACHE, RUN_NECTAR, RUN_NO_DOC } RunK
 
 typedef struct {
     double ttft_ms;       /* prompt (and document, for the full prefill) to first logits */
-    double decode_tps;    /* decode tokens per second after that */
+    double decode_tps;    /* decode tokens per second after that: 1 / the median token's time */
+    double decode_mean_tps; /* DECODE / the time of all of them */
     double peak_mb;       /* peak resident memory of the process */
     double prefill_gflops;/* full prefill: model FLOPs / time */
     double state_bytes;   /* the document's state: KV cache or module */
@@ -96,6 +101,17 @@ static void progress_size_ends(Progress *p) {
     p->t_last = took;
 }
 
+static int compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of x (n), which it sorts. */
+static double median(double *x, int n) {
+    qsort(x, n, sizeof(double), compare_doubles);
+    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
 /* One configuration, in the child (which exits 1 after forward's sentence). */
 static Measure run_config(const Model *m, RunKind kind, const int *doc_ids, int n, float rho) {
     const Config *c = &m->config;
@@ -136,9 +152,14 @@ static Measure run_config(const Model *m, RunKind kind, const int *doc_ids, int 
     r.ttft_ms = (t1 - t0) * 1e3;
     if (kind == RUN_FULL_PREFILL)
         r.prefill_gflops = (forward_flops(c, n, 0, 0) + forward_flops(c, PROMPT, n, 1)) / (t1 - t0) / 1e9;
-    for (int i = 0; i < DECODE; i++)
+    double token_s[DECODE];  /* each decode step's time */
+    for (int i = 0; i < DECODE; i++) {
+        double t = now_seconds();
         if (forward(m, &s, &doc, &prompt[PROMPT + i], 1, PROMPT + i, LOGITS_LAST) != 0) _exit(1);
-    r.decode_tps = DECODE / (now_seconds() - t1);
+        token_s[i] = now_seconds() - t;
+    }
+    r.decode_mean_tps = DECODE / (now_seconds() - t1);
+    r.decode_tps = 1.0 / median(token_s, DECODE);
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     r.peak_mb = ru.ru_maxrss / 1024.0;
@@ -174,24 +195,102 @@ static Measure measure(const Model *m, RunKind kind, const int *doc_ids, int n, 
     return r;
 }
 
-/* sgemm GFLOP/s for C (M, N) = A (M, K) B^T, B stored (N, K) as the model's weights */
+/* sgemm's C (M, N) = A (M, K) B^T, B stored (N, K) as the model's weights,
+ * on the pool's threads: C's columns in two tasks per thread, each a
+ * single-threaded OpenBLAS product, as nectar.c splits its products. */
+typedef struct { int M, N, K, cols; const float *A, *B; float *C; } SplitSgemm;
+
+static void split_sgemm_task(void *ctx, int task) {
+    const SplitSgemm *g = ctx;
+    int c0 = task * g->cols, n = g->N - c0 < g->cols ? g->N - c0 : g->cols;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->M, n, g->K, 1.0f, g->A, g->K, g->B + (size_t)c0 * g->K,
+                g->K, 0.0f, g->C + c0, g->N);
+}
+
+/* One way to run the product: OpenBLAS on its own threads, or split over the pool. */
+static void sgemm_once(const SplitSgemm *g, int on_pool) {
+    if (on_pool) parallel_for((g->N + g->cols - 1) / g->cols, split_sgemm_task, (void *)g);
+    else cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->M, g->N, g->K, 1.0f, g->A, g->K, g->B, g->K, 0.0f,
+                     g->C, g->N);
+}
+
+/* sgemm GFLOP/s at (M, N, K): the better of OpenBLAS on as many threads as
+ * the pool has (the pool keeps it single-threaded otherwise) and the same
+ * product split over the pool, each the best of three runs of 0.2 s. */
 static double sgemm_gflops(int M, int N, int K) {
-    float *A = xmalloc((size_t)M * K * sizeof(float)), *B = xmalloc((size_t)N * K * sizeof(float));
-    float *C = xmalloc((size_t)M * N * sizeof(float));
-    for (size_t i = 0; i < (size_t)M * K; i++) A[i] = (float)(i % 13) * 0.01f;
-    for (size_t i = 0; i < (size_t)N * K; i++) B[i] = (float)(i % 7) * 0.01f;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, A, K, B, K, 0.0f, C, N);  /* warm-up */
-    int reps = 1;
-    double t;
-    do {  /* enough repetitions for 0.2 s */
+    int tasks = 2 * parallel_threads();
+    SplitSgemm g = {M, N, K, ((N + tasks - 1) / tasks + 15) / 16 * 16, xmalloc((size_t)M * K * sizeof(float)),
+                    xmalloc((size_t)N * K * sizeof(float)), xmalloc((size_t)M * N * sizeof(float))};
+    for (size_t i = 0; i < (size_t)M * K; i++) ((float *)g.A)[i] = (float)(i % 13) * 0.01f;
+    for (size_t i = 0; i < (size_t)N * K; i++) ((float *)g.B)[i] = (float)(i % 7) * 0.01f;
+    double best = 0;
+    for (int on_pool = 0; on_pool < 2; on_pool++) {
+        openblas_set_num_threads(on_pool ? 1 : parallel_threads());
+        sgemm_once(&g, on_pool);  /* warm-up */
+        for (int run = 0; run < 3; run++) {
+            int reps = 0;
+            double t0 = now_seconds(), t;
+            do { sgemm_once(&g, on_pool); reps++; } while ((t = now_seconds() - t0) < 0.2);
+            double gflops = 2.0 * M * N * K * reps / t / 1e9;
+            if (gflops > best) best = gflops;
+        }
+    }
+    openblas_set_num_threads(1);
+    free((float *)g.A); free((float *)g.B); free(g.C);
+    return best;
+}
+
+/* The streaming read: the sum of a 1 GB array, a slice per task on the
+ * pool's threads, the best of five passes. */
+typedef struct { const float *x; size_t per_task; double *sums; } StreamSum;
+
+static void stream_task(void *ctx, int task) {
+    const StreamSum *j = ctx;
+    const float *x = j->x + (size_t)task * j->per_task;
+    size_t quarter = j->per_task / 4;
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;  /* four chains: one would wait on its adds */
+    #pragma omp simd reduction(+:s0, s1, s2, s3)
+    for (size_t i = 0; i < quarter; i++) {
+        s0 += x[i]; s1 += x[i + quarter]; s2 += x[i + 2 * quarter]; s3 += x[i + 3 * quarter];
+    }
+    j->sums[task] = (double)s0 + s1 + s2 + s3;
+}
+
+static void stream_fill_task(void *ctx, int task) {  /* written on the threads that will read it */
+    const StreamSum *j = ctx;
+    float *x = (float *)j->x + (size_t)task * j->per_task;
+    for (size_t i = 0; i < j->per_task; i++) x[i] = (float)(i & 7);
+}
+
+static double stream_gbs(void) {
+    enum { TASKS = 64 };
+    size_t n = (size_t)1 << 28;  /* 2^28 floats, 1 GB */
+    double sums[TASKS], best = 0;
+    StreamSum job = {xmalloc(n * sizeof(float)), n / TASKS, sums};
+    parallel_for(TASKS, stream_fill_task, &job);
+    for (int pass = 0; pass < 5; pass++) {
         double t0 = now_seconds();
-        for (int r = 0; r < reps; r++)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, A, K, B, K, 0.0f, C, N);
-        t = now_seconds() - t0;
-        reps *= 2;
-    } while (t < 0.2);
-    free(A); free(B); free(C);
-    return 2.0 * M * N * K * (reps / 2) / t / 1e9;
+        parallel_for(TASKS, stream_task, &job);
+        double gbs = n * sizeof(float) / (now_seconds() - t0) / 1e9;
+        if (gbs > best) best = gbs;
+    }
+    double total = 0;
+    for (int i = 0; i < TASKS; i++) total += sums[i];
+    if (total != 3.5 * n) fprintf(stderr, "warning: the streaming read summed %.0f, not %.0f\n", total, 3.5 * n);
+    free((float *)job.x);
+    return best;
+}
+
+/* The bytes a decode step reads: every weight matrix and the classifier
+ * (tied or not, V x D), the norms and the token's embedding row. */
+static double weight_bytes_per_token(const Config *c) {
+    double D = c->dim, F = c->hidden_dim, KVD = (double)c->dim / c->n_heads * c->n_kv_heads, L = c->n_layers;
+    return sizeof(float) * (L * (2 * D * D + 2 * D * KVD + 3 * D * F) + (double)c->vocab_size * D + (2 * L + 2) * D);
+}
+
+/* The bytes of a document's KV cache: keys and values of n tokens in every layer. */
+static double kv_bytes(const Config *c, int n) {
+    return 2.0 * sizeof(float) * c->n_layers * n * ((double)c->dim / c->n_heads * c->n_kv_heads);
 }
 
 /* Module fitting throughput: forward + backward of a batch of N queries
@@ -449,23 +548,25 @@ static int bench_gpu(const Model *host, const char *model_path, int min_doc, int
 #endif
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: benchmark -m MODEL [--max-doc N] [--min-doc N] [--gpu]\n"
-               "  -m MODEL  llama2.c checkpoint whose vocabulary holds ids 0..258 (data/model.bin)\n"
+    fprintf(f, "usage: benchmark -m MODEL [--max-doc N] [--min-doc N] [--json] [--gpu]\n"
+               "  -m MODEL  a llama2.c checkpoint or GGUF file whose vocabulary holds ids 0..258\n"
                "  document lengths from --min-doc (default 1024) to --max-doc (default 65536), doubling\n"
+               "  --json    one JSON object on stdout instead of the tables (CPU)\n"
                "  --gpu     on the GPU (a build with nvcc), with fitting on the GPU against the CPU\n"
                "  --help    this text\n");
 }
 
 typedef struct {
     const char *model_path;
-    int min_doc, max_doc, gpu;
+    int min_doc, max_doc, gpu, json;
 } Options;
 
 static int parse_options(int argc, char **argv, Options *o) {
-    *o = (Options){NULL, 1024, 65536, 0};
+    *o = (Options){NULL, 1024, 65536, 0, 0};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); exit(0); }
         if (!strcmp(argv[i], "--gpu")) { o->gpu = 1; continue; }
+        if (!strcmp(argv[i], "--json")) { o->json = 1; continue; }
         if (i + 1 >= argc) { report_last_option(argv[i], " -m --max-doc --min-doc "); return -1; }
         const char *a = argv[i], *v = argv[++i];
         int bad = 0;
@@ -477,6 +578,10 @@ static int parse_options(int argc, char **argv, Options *o) {
     }
     if (!o->model_path || o->min_doc < 1 || o->max_doc < o->min_doc || o->max_doc > MAX_DOC) {
         fprintf(stderr, "error: need -m MODEL and 1 <= --min-doc <= --max-doc <= %d\n", MAX_DOC);
+        return -1;
+    }
+    if (o->gpu && o->json) {
+        fprintf(stderr, "error: --json is for the CPU tables, not --gpu\n");
         return -1;
     }
     return 0;
@@ -511,16 +616,45 @@ static int check_sizes(const Model *m, const Options *o) {
     return 0;
 }
 
-/* OpenBLAS sgemm at the prefill's mix of shapes (the attention projections
- * and the FFN, B = BLOCK rows), and the model's prefill of BLOCK-token blocks
- * without earlier context (the weight matmuls dominate); prints both and the
- * run's setting. Returns the sgemm mix's GFLOP/s. */
-static double cpu_references(const Model *m, const Options *o) {
-    const Config *c = &m->config;
+/* What the CPU tables are measured against, all in this run. */
+typedef struct {
+    int threads;
+    double stream_gbs;             /* streaming read */
+    double weight_bytes;           /* read by a decode step */
+    double g_qkvo, g_ffn, sgemm;   /* sgemm at the attention and FFN shapes, and at their mix */
+    double block_gflops;           /* the model's prefill of BLOCK-token blocks without earlier context */
+} References;
+
+/* One document size: the five configurations, and the streaming read and
+ * sgemm mix measured just before and just after them (the better of the
+ * two: on a machine others use too, the reference of a row is taken under
+ * the load its measures had). */
+typedef struct { int n; Measure full, reused, n2, n10, none; double stream_gbs, sgemm; } Row;
+
+/* The roofline: decode tokens per second if every byte it reads (weights,
+ * and the document's KV cache for the exact path) came at the streaming
+ * read's bandwidth. */
+static double roofline_tps(double stream_gbs, double weight_bytes, const Config *c, int doc_n) {
+    return stream_gbs * 1e9 / (weight_bytes + kv_bytes(c, doc_n));
+}
+
+/* sgemm at the prefill's mix of shapes: the attention projections and the
+ * FFN, B = BLOCK rows, weighted by their FLOPs; *g_qkvo, *g_ffn: each shape's. */
+static double sgemm_mix(const Config *c, double *g_qkvo, double *g_ffn) {
     int d = c->dim / c->n_heads;
-    double g_qkvo = sgemm_gflops(BLOCK, c->dim, c->dim), g_ffn = sgemm_gflops(BLOCK, c->hidden_dim, c->dim);
+    *g_qkvo = sgemm_gflops(BLOCK, c->dim, c->dim);
+    *g_ffn = sgemm_gflops(BLOCK, c->hidden_dim, c->dim);
     double w_qkvo = 2.0 * c->dim * c->dim + 2.0 * c->dim * d * c->n_kv_heads, w_ffn = 3.0 * c->dim * c->hidden_dim;
-    double sgemm = (w_qkvo + w_ffn) / (w_qkvo / g_qkvo + w_ffn / g_ffn);  /* at the prefill's mix of shapes */
+    return (w_qkvo + w_ffn) / (w_qkvo / *g_qkvo + w_ffn / *g_ffn);
+}
+
+/* The streaming read, sgemm at the prefill's mix of shapes, and the
+ * model's prefill of BLOCK-token blocks without earlier context (the weight
+ * matmuls dominate). */
+static References cpu_references(const Model *m) {
+    const Config *c = &m->config;
+    References r = {parallel_threads(), stream_gbs(), weight_bytes_per_token(c), 0, 0, 0, 0};
+    r.sgemm = sgemm_mix(c, &r.g_qkvo, &r.g_ffn);
     RunState block_state;
     runstate_alloc(&block_state, m, &NO_DOCUMENT, BLOCK, BLOCK);
     int *block = xmalloc(BLOCK * sizeof(int));
@@ -532,81 +666,165 @@ static double cpu_references(const Model *m, const Options *o) {
         forward(m, &block_state, &NO_DOCUMENT, block, BLOCK, 0, LOGITS_LAST);
         n_blocks++;
     }
-    double block_gflops = n_blocks * forward_flops(c, BLOCK, 0, 1) / (now_seconds() - t_blocks) / 1e9;
+    r.block_gflops = n_blocks * forward_flops(c, BLOCK, 0, 1) / (now_seconds() - t_blocks) / 1e9;
     runstate_free(&block_state);
     free(block);
-    printf("model %s: dim %d, hidden %d, %d layers, %d/%d heads, head size %d, context %d\n", o->model_path,
-           c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, d, c->seq_len);
-    printf("OpenBLAS sgemm, %d x (%d x %d) and %d x (%d x %d): %.1f and %.1f GFLOP/s; at the prefill's mix %.1f GFLOP/s\n",
-           BLOCK, c->dim, c->dim, BLOCK, c->hidden_dim, c->dim, g_qkvo, g_ffn, sgemm);
+    return r;
+}
+
+static void print_references(const Model *m, const Options *o, const References *r) {
+    const Config *c = &m->config;
+    int d = c->dim / c->n_heads;
+    printf("model %s: dim %d, hidden %d, %d layers, %d/%d heads, head size %d, context %d, vocabulary %d\n",
+           o->model_path, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, d, c->seq_len, c->vocab_size);
+    printf("%d threads (the pool; OpenBLAS single-threaded in its tasks)\n", r->threads);
+    printf("streaming read (sum of a 1 GB array, %d threads): %.1f GB/s; a decode step reads %.1f MB of weights "
+           "(+ %.3f MB of KV cache per document token): roofline with no document %.1f tokens/s\n", r->threads,
+           r->stream_gbs, r->weight_bytes / 1e6, kv_bytes(c, 1) / 1e6, roofline_tps(r->stream_gbs, r->weight_bytes, c, 0));
+    printf("sgemm (the better of OpenBLAS on %d threads and split over the pool), %d x (%d x %d) and %d x (%d x %d): "
+           "%.1f and %.1f GFLOP/s; at the prefill's mix %.1f GFLOP/s\n", r->threads, BLOCK, c->dim, c->dim, BLOCK, c->hidden_dim, c->dim, r->g_qkvo, r->g_ffn, r->sgemm);
     printf("prefill of %d-token blocks without earlier context: %.1f GFLOP/s = %.0f%% of sgemm\n", BLOCK,
-           block_gflops, 100 * block_gflops / sgemm);
+           r->block_gflops, 100 * r->block_gflops / r->sgemm);
     if (o->max_doc > c->seq_len)
         printf("note: documents beyond the model's context (%d) are for timing only (RoPE runs past it)\n", c->seq_len);
-    printf("prompt %d tokens, then %d decoded; Nectar modules are MLPs (1,1,1) of the width that rho allows\n\n",
-           PROMPT, DECODE);
-    return sgemm;
+    printf("prompt %d tokens, then %d decoded; Nectar modules are MLPs (1,1,1) of the width that rho allows; "
+           "each row's references (streaming read, sgemm mix) are measured again around its runs; decode tok/s from "
+           "the median step (robust to other processes' preemptions; the mean is in --json); \"of roofline\": "
+           "decode speed over the roofline with that document's KV cache\n\n", PROMPT, DECODE);
+    printf("| doc tokens | TTFT full prefill | TTFT reused KV | TTFT Nectar 2%% | prefill GFLOP/s (of sgemm) "
+           "| decode tok/s exact (of roofline) | Nectar 2%% | Nectar 10%% | no doc (of roofline) | exact ms/token "
+           "| peak MB full / reused / Nectar 2%% / 10%% / no doc | KV state | module 2%% | module 10%% "
+           "| stream GB/s, sgemm GFLOP/s |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+}
+
+static void print_row(const Config *c, const References *r, const Row *w) {
+    double exact_roof = roofline_tps(w->stream_gbs, r->weight_bytes, c, w->n);
+    double nodoc_roof = roofline_tps(w->stream_gbs, r->weight_bytes, c, 0);
+    printf("| %d | %.1f ms | %.2f ms | %.2f ms | %.1f (%.0f%%) | %.1f (%.2f) | %.1f (%.2fx no doc) | %.1f (%.2fx) "
+           "| %.1f (%.2f) | %.3f | %.0f / %.0f / %.0f / %.0f / %.0f | %.2f MB | %.2f MB | %.2f MB | %.1f, %.1f |\n",
+           w->n, w->full.ttft_ms, w->reused.ttft_ms, w->n2.ttft_ms, w->full.prefill_gflops,
+           100 * w->full.prefill_gflops / w->sgemm, w->reused.decode_tps, w->reused.decode_tps / exact_roof,
+           w->n2.decode_tps, w->n2.decode_tps / w->none.decode_tps, w->n10.decode_tps, w->n10.decode_tps / w->none.decode_tps,
+           w->none.decode_tps, w->none.decode_tps / nodoc_roof, 1e3 / w->reused.decode_tps, w->full.peak_mb,
+           w->reused.peak_mb, w->n2.peak_mb, w->n10.peak_mb, w->none.peak_mb, w->full.state_bytes / 1e6,
+           w->n2.state_bytes / 1e6, w->n10.state_bytes / 1e6, w->stream_gbs, w->sgemm);
+    fflush(stdout);
+}
+
+/* The row's references: the better of before and after its runs. */
+static void row_references(const Config *c, Row *w, int after) {
+    double g_qkvo, g_ffn, stream = stream_gbs(), sgemm = sgemm_mix(c, &g_qkvo, &g_ffn);
+    if (!after || stream > w->stream_gbs) w->stream_gbs = stream;
+    if (!after || sgemm > w->sgemm) w->sgemm = sgemm;
 }
 
 /* The serving table, a row per document size, every configuration in a
- * child process; the longest document's full, reused and Nectar 10%
- * measures are kept for the amortisation. */
-static void cpu_table(const Model *m, const Options *o, double sgemm, Measure longest[3]) {
-    printf("| doc tokens | TTFT full prefill | TTFT reused KV | TTFT Nectar 2%% | prefill GFLOP/s (of sgemm) "
-           "| decode tok/s exact | Nectar 2%% | Nectar 10%% | no doc | exact ms/token | peak MB full / reused / Nectar 2%% / 10%% / no doc "
-           "| KV state | module 2%% | module 10%% |\n");
-    printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+ * child process (printed as it comes unless the output is JSON). Returns
+ * the number of rows. */
+static int cpu_table(const Model *m, const Options *o, const References *r, Row *rows) {
     Progress progress = {"", now_seconds(), 0, 0, 0};
+    int n_rows = 0;
     for (int n = o->min_doc; n <= o->max_doc; n *= 2) {
         int *doc_ids = bench_document(n);
         progress_size_starts(&progress, n, o->max_doc);
-        Measure full = measure(m, RUN_FULL_PREFILL, doc_ids, n, 0);
-        Measure reused = measure(m, RUN_REUSED_CACHE, doc_ids, n, 0);
-        Measure n2 = measure(m, RUN_NECTAR, doc_ids, n, 0.02f);
-        Measure n10 = measure(m, RUN_NECTAR, doc_ids, n, 0.10f);
-        Measure none = measure(m, RUN_NO_DOC, doc_ids, n, 0);
-        printf("| %d | %.1f ms | %.2f ms | %.2f ms | %.1f (%.0f%%) | %.0f | %.0f (%.2fx no doc) | %.0f (%.2fx) | %.0f "
-               "| %.3f | %.0f / %.0f / %.0f / %.0f / %.0f | %.2f MB | %.2f MB | %.2f MB |\n",
-               n, full.ttft_ms, reused.ttft_ms, n2.ttft_ms, full.prefill_gflops, 100 * full.prefill_gflops / sgemm,
-               reused.decode_tps, n2.decode_tps, n2.decode_tps / none.decode_tps, n10.decode_tps,
-               n10.decode_tps / none.decode_tps, none.decode_tps, 1e3 / reused.decode_tps, full.peak_mb, reused.peak_mb,
-               n2.peak_mb, n10.peak_mb, none.peak_mb, full.state_bytes / 1e6, n2.state_bytes / 1e6, n10.state_bytes / 1e6);
-        fflush(stdout);
-        longest[0] = full; longest[1] = reused; longest[2] = n10;
+        Row *w = &rows[n_rows++];
+        w->n = n;
+        row_references(&m->config, w, 0);
+        w->full = measure(m, RUN_FULL_PREFILL, doc_ids, n, 0);
+        w->reused = measure(m, RUN_REUSED_CACHE, doc_ids, n, 0);
+        w->n2 = measure(m, RUN_NECTAR, doc_ids, n, 0.02f);
+        w->n10 = measure(m, RUN_NECTAR, doc_ids, n, 0.10f);
+        w->none = measure(m, RUN_NO_DOC, doc_ids, n, 0);
+        row_references(&m->config, w, 1);
+        if (!o->json) print_row(&m->config, r, w);
         free(doc_ids);
         progress_size_ends(&progress);
+        if (n > o->max_doc / 2) break;  /* n * 2 would pass max_doc (or overflow) */
     }
+    return n_rows;
 }
 
 /* Module fitting's throughput for the rho 10% module of the longest
  * document, and the amortisation of train's default fit against the
  * per-request cost of the full prefill and of a reused KV cache. */
-static void fitting_and_amortisation(const Config *c, int longest, const Measure m[3]) {
-    int d = c->dim / c->n_heads, width = mlp_width(c, longest, 0.10f), batch = 64 * (c->n_heads / c->n_kv_heads);
-    double qps, fit_gflops;
-    fit_throughput(d, width, batch, &qps, &fit_gflops);
-    double g_fit = sgemm_gflops(batch, width, width);
-    printf("\nmodule fitting (width %d, batch %d queries, forward + backward): %.0f queries/s, %.2f GFLOP/s = %.0f%% "
-           "of sgemm at %d x (%d x %d) (%.1f GFLOP/s)\n", width, batch, qps, fit_gflops, 100 * fit_gflops / g_fit,
-           batch, width, width, g_fit);
+typedef struct {
+    int width, batch, longest;
+    double queries_per_s, gflops, sgemm_gflops, fit_seconds;
+    double per_request[3];  /* full prefill, reused KV cache, Nectar: seconds */
+} Fitting;
+
+static Fitting fitting_and_amortisation(const Config *c, const Row *longest) {
+    Fitting f = {mlp_width(c, longest->n, 0.10f), 64 * (c->n_heads / c->n_kv_heads), longest->n, 0, 0, 0, 0, {0}};
+    fit_throughput(c->dim / c->n_heads, f.width, f.batch, &f.queries_per_s, &f.gflops);
+    f.sgemm_gflops = sgemm_gflops(f.batch, f.width, f.width);
     /* train's defaults: 6000 steps of 64 positions, every query head of a
      * group; requests of PROMPT prompt + 64 generated tokens */
-    double steps = 6000, fit_seconds = steps * batch * c->n_layers * c->n_kv_heads / qps;
-    double per_request[3];
-    for (int k = 0; k < 3; k++) per_request[k] = m[k].ttft_ms / 1e3 + 64 / m[k].decode_tps;
-    printf("amortisation at %d tokens (rho 10%%, %g steps x %d queries x %d modules = %.0f s of fitting, not counting "
-           "the teacher pass; requests of %d prompt + 64 generated tokens):\n", longest, steps, batch,
-           c->n_layers * c->n_kv_heads, fit_seconds, PROMPT);
-    printf("  per request: full prefill %.3f s, reused KV cache %.3f s, Nectar %.3f s\n", per_request[0],
-           per_request[1], per_request[2]);
-    if (per_request[0] > per_request[2])
-        printf("  break-even against full prefill after %.0f requests\n", ceil(fit_seconds / (per_request[0] - per_request[2])));
+    f.fit_seconds = 6000.0 * f.batch * c->n_layers * c->n_kv_heads / f.queries_per_s;
+    const Measure *m[3] = {&longest->full, &longest->reused, &longest->n10};
+    for (int k = 0; k < 3; k++) f.per_request[k] = m[k]->ttft_ms / 1e3 + 64 / m[k]->decode_mean_tps;
+    return f;
+}
+
+static void print_fitting(const Config *c, const Fitting *f) {
+    printf("\nmodule fitting (width %d, batch %d queries, forward + backward): %.0f queries/s, %.2f GFLOP/s = %.0f%% "
+           "of sgemm at %d x (%d x %d) (%.1f GFLOP/s)\n", f->width, f->batch, f->queries_per_s, f->gflops,
+           100 * f->gflops / f->sgemm_gflops, f->batch, f->width, f->width, f->sgemm_gflops);
+    printf("amortisation at %d tokens (rho 10%%, 6000 steps x %d queries x %d modules = %.0f s of fitting, not counting "
+           "the teacher pass; requests of %d prompt + 64 generated tokens):\n", f->longest, f->batch,
+           c->n_layers * c->n_kv_heads, f->fit_seconds, PROMPT);
+    const double *p = f->per_request;
+    printf("  per request: full prefill %.3f s, reused KV cache %.3f s, Nectar %.3f s\n", p[0], p[1], p[2]);
+    if (p[0] > p[2])
+        printf("  break-even against full prefill after %.0f requests\n", ceil(f->fit_seconds / (p[0] - p[2])));
     else
         printf("  against full prefill Nectar saves no time per request: no break-even\n");
-    if (per_request[1] > per_request[2])
-        printf("  break-even against a reused KV cache after %.0f requests\n", ceil(fit_seconds / (per_request[1] - per_request[2])));
+    if (p[1] > p[2])
+        printf("  break-even against a reused KV cache after %.0f requests\n", ceil(f->fit_seconds / (p[1] - p[2])));
     else
         printf("  against a reused KV cache Nectar saves no time per request: no break-even (it saves memory only)\n");
+}
+
+static void print_measure_json(const char *name, const Measure *m, const char *end) {
+    printf("\"%s\": {\"ttft_ms\": %.4g, \"decode_tps\": %.4g, \"decode_mean_tps\": %.4g, \"peak_mb\": %.4g, "
+           "\"state_bytes\": %.0f}%s", name, m->ttft_ms, m->decode_tps, m->decode_mean_tps, m->peak_mb, m->state_bytes,
+           end);
+}
+
+static void print_json(const Model *m, const Options *o, const References *r, const Row *rows, int n_rows,
+                       const Fitting *f) {
+    const Config *c = &m->config;
+    printf("{\"model\": \"%s\", \"dim\": %d, \"hidden_dim\": %d, \"n_layers\": %d, \"n_heads\": %d, "
+           "\"n_kv_heads\": %d, \"vocab_size\": %d, \"seq_len\": %d, \"prompt_tokens\": %d, \"decode_tokens\": %d,\n",
+           o->model_path, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size, c->seq_len,
+           PROMPT, DECODE);
+    printf(" \"threads\": %d, \"stream_gbs\": %.4g, \"weight_bytes_per_token\": %.0f, \"kv_bytes_per_doc_token\": %.0f, "
+           "\"roofline_nodoc_tps\": %.4g,\n", r->threads, r->stream_gbs, r->weight_bytes, kv_bytes(c, 1),
+           roofline_tps(r->stream_gbs, r->weight_bytes, c, 0));
+    printf(" \"sgemm_qkvo_gflops\": %.4g, \"sgemm_ffn_gflops\": %.4g, \"sgemm_gflops\": %.4g, \"block_prefill_gflops\": %.4g,\n",
+           r->g_qkvo, r->g_ffn, r->sgemm, r->block_gflops);
+    printf(" \"rows\": [\n");
+    for (int i = 0; i < n_rows; i++) {
+        const Row *w = &rows[i];
+        double exact_roof = roofline_tps(w->stream_gbs, r->weight_bytes, c, w->n);
+        double nodoc_roof = roofline_tps(w->stream_gbs, r->weight_bytes, c, 0);
+        printf("  {\"doc_tokens\": %d, \"stream_gbs\": %.4g, \"sgemm_gflops\": %.4g, \"prefill_gflops\": %.4g, "
+               "\"prefill_of_sgemm\": %.4g, \"roofline_exact_tps\": %.4g, \"exact_of_roofline\": %.4g, "
+               "\"roofline_nodoc_tps\": %.4g, \"nodoc_of_roofline\": %.4g, \"nectar2_of_nodoc\": %.4g, "
+               "\"nectar10_of_nodoc\": %.4g,\n   ", w->n, w->stream_gbs, w->sgemm, w->full.prefill_gflops,
+               w->full.prefill_gflops / w->sgemm, exact_roof, w->reused.decode_tps / exact_roof, nodoc_roof,
+               w->none.decode_tps / nodoc_roof, w->n2.decode_tps / w->none.decode_tps,
+               w->n10.decode_tps / w->none.decode_tps);
+        print_measure_json("full_prefill", &w->full, ", ");
+        print_measure_json("reused_kv", &w->reused, ",\n   ");
+        print_measure_json("nectar2", &w->n2, ", ");
+        print_measure_json("nectar10", &w->n10, ",\n   ");
+        print_measure_json("no_doc", &w->none, i + 1 < n_rows ? "},\n" : "}\n");
+    }
+    printf(" ],\n \"fitting\": {\"width\": %d, \"batch\": %d, \"queries_per_s\": %.4g, \"gflops\": %.4g, "
+           "\"sgemm_gflops\": %.4g, \"fit_seconds\": %.4g, \"per_request_s\": {\"full_prefill\": %.4g, "
+           "\"reused_kv\": %.4g, \"nectar\": %.4g}}}\n", f->width, f->batch, f->queries_per_s, f->gflops,
+           f->sgemm_gflops, f->fit_seconds, f->per_request[0], f->per_request[1], f->per_request[2]);
 }
 
 int main(int argc, char **argv) {
@@ -627,12 +845,13 @@ int main(int argc, char **argv) {
 #endif
     }
     double t_start = now_seconds();
-    double sgemm = cpu_references(&m, &o);               /* 1. the references */
-    Measure longest[3];
-    cpu_table(&m, &o, sgemm, longest);                   /* 2. the serving table */
-    int n_longest = o.min_doc;
-    while (n_longest * 2 <= o.max_doc) n_longest *= 2;
-    fitting_and_amortisation(&m.config, n_longest, longest);  /* 3. fitting and amortisation */
+    References refs = cpu_references(&m);                       /* 1. the references */
+    if (!o.json) print_references(&m, &o, &refs);
+    Row rows[32];
+    int n_rows = cpu_table(&m, &o, &refs, rows);                 /* 2. the serving table */
+    Fitting fit = fitting_and_amortisation(&m.config, &rows[n_rows - 1]);  /* 3. fitting and amortisation */
+    if (o.json) print_json(&m, &o, &refs, rows, n_rows, &fit);
+    else print_fitting(&m.config, &fit);
     fprintf(stderr, "bench took %.0f s\n", now_seconds() - t_start);
     model_free(&m);
     return 0;

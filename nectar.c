@@ -22,6 +22,145 @@
 #include <string.h>
 
 /* ------------------------------------------------------------------------ */
+/* The exponential of the softmax and SiLU loops                            */
+
+static inline uint32_t bits_of(float f) { uint32_t u; memcpy(&u, &f, sizeof u); return u; }
+static inline float float_of(uint32_t u) { float f; memcpy(&f, &u, sizeof f); return f; }
+
+/* exp(x) = 2^n e^r, n = round(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2]:
+ *   - n by the 1.5 * 2^23 trick: x log2(e) + 1.5 * 2^23 has n in its low
+ *     mantissa bits (round to nearest), and minus 1.5 * 2^23 is n as a float;
+ *   - r with ln 2 in two parts (Cody and Waite): n * LN2_HI is exact (LN2_HI
+ *     has 10 significant bits, |n| <= 150), LN2_LO = ln 2 - LN2_HI;
+ *   - e^r by its Taylor series to r^7 / 7! (truncation below 5.2e-9 relative);
+ *   - 2^n as 2^(n - n/2) 2^(n/2), each a float built from its exponent bits,
+ *     so that results below FLT_MIN (denormals) and up to FLT_MAX come out.
+ * No branch and no library call, so a loop of it vectorises (expf does not).
+ * Measured against double exp on every float of [-104, 89] (the test in
+ * tests/test_core.c takes every 64th): relative error at most 1.004e-7
+ * (1.7 ulp; expf: 0.5 ulp) where the result is normal, absolute error below
+ * 2^-149 where it is denormal; 0 below -104 (and at -inf), +inf above
+ * ln(FLT_MAX), NaN for NaN. */
+static inline float exp_fast(float x) {
+    const float LOG2E = 1.44269504f, LN2_HI = 0.693359375f, LN2_LO = -2.12194440e-4f, ROUND = 12582912.0f;
+    float xc = x < -104.0f ? -104.0f : x;  /* the range where 2^n is built below; NaN stays NaN */
+    xc = xc > 89.0f ? 89.0f : xc;
+    float t = xc * LOG2E + ROUND;
+    int32_t n = (int32_t)(bits_of(t) - bits_of(ROUND));
+    float nf = t - ROUND;
+    float r = (xc - nf * LN2_HI) - nf * LN2_LO;
+    float er = 1.0f + r * (1.0f + r * (1.0f / 2 + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120
+             + r * (1.0f / 720 + r * (1.0f / 5040)))))));
+    int32_t half = n / 2;
+    float y = er * float_of((uint32_t)(n - half + 127) << 23) * float_of((uint32_t)(half + 127) << 23);
+    return x < -104.0f ? 0.0f : y;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Products, on the pool's threads                                          */
+
+/* C (M, N) = alpha op(A) op(B) + beta C, row-major, as cblas_sgemm. */
+typedef struct {
+    CBLAS_TRANSPOSE trans_a, trans_b;
+    int M, N, K, lda, ldb, ldc;
+    float alpha, beta;
+    const float *A, *B;
+    float *C;
+    int cols;  /* columns of C per task */
+} Gemm;
+
+/* c_j = alpha b_j . a + beta c_j for the n rows b_j of B (stored (n, K),
+ * stride ldb): a matrix-vector product as a decode step runs it, a weight
+ * matrix read once from memory. Four rows a quarter of the block apart at a
+ * time, so that the memory system sees four streams (one stream read 20-23
+ * GB/s here, four 28, as fast as a plain streaming read). Each dot product
+ * may be summed in any order (SIMD lanes). */
+static void matvec_rows(int n, int K, float alpha, const float *B, int ldb, const float *a, float beta, float *c) {
+    int quarter = n / 4, first[4];
+    float dot[4];
+    for (int j = 0; j < quarter; j++) {
+        for (int s = 0; s < 4; s++) first[s] = j + s * quarter;
+        const float *b0 = B + (size_t)first[0] * ldb, *b1 = B + (size_t)first[1] * ldb;
+        const float *b2 = B + (size_t)first[2] * ldb, *b3 = B + (size_t)first[3] * ldb;
+        float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
+        #pragma omp simd reduction(+:d0, d1, d2, d3)
+        for (int k = 0; k < K; k++) { d0 += b0[k] * a[k]; d1 += b1[k] * a[k]; d2 += b2[k] * a[k]; d3 += b3[k] * a[k]; }
+        dot[0] = d0; dot[1] = d1; dot[2] = d2; dot[3] = d3;
+        for (int s = 0; s < 4; s++)
+            c[first[s]] = beta == 0.0f ? alpha * dot[s] : alpha * dot[s] + beta * c[first[s]];
+    }
+    for (int j = 4 * quarter; j < n; j++) {  /* the last n mod 4 rows, one at a time */
+        const float *b = B + (size_t)j * ldb;
+        float d = 0.0f;
+        #pragma omp simd reduction(+:d)
+        for (int k = 0; k < K; k++) d += b[k] * a[k];
+        c[j] = beta == 0.0f ? alpha * d : alpha * d + beta * c[j];
+    }
+}
+
+/* Columns [c0, c0 + n) of C: a single-threaded OpenBLAS product, or, for
+ * one row of A and B stored (N, K) (a weight matrix), matvec_rows: sgemm
+ * would first copy B into its packed layout, and OpenBLAS's sgemv streams
+ * it slower than this loop does (12-13 GB/s on one core here, against 20-28). */
+static void gemm_columns(const Gemm *g, int c0, int n) {
+    const float *B = g->trans_b == CblasTrans ? g->B + (size_t)c0 * g->ldb : g->B + c0;
+    float *C = g->C + c0;
+    if (g->M == 1 && g->trans_a == CblasNoTrans && g->trans_b == CblasTrans)
+        matvec_rows(n, g->K, g->alpha, B, g->ldb, g->A, g->beta, C);
+    else
+        cblas_sgemm(CblasRowMajor, g->trans_a, g->trans_b, g->M, n, g->K, g->alpha, g->A, g->lda, B, g->ldb,
+                    g->beta, C, g->ldc);
+}
+
+/* Products run in one parallel loop: task t is a chunk of columns of
+ * product i, first_task[i] <= t < first_task[i + 1]. */
+enum { MAX_PRODUCTS = 3 };
+typedef struct {
+    int count;
+    Gemm g[MAX_PRODUCTS];
+    int first_task[MAX_PRODUCTS + 1];
+} GemmBatch;
+
+static void gemm_batch_task(void *ctx, int task) {
+    const GemmBatch *b = ctx;
+    int i = 0;
+    while (task >= b->first_task[i + 1]) i++;
+    const Gemm *g = &b->g[i];
+    int c0 = (task - b->first_task[i]) * g->cols;
+    gemm_columns(g, c0, g->N - c0 < g->cols ? g->N - c0 : g->cols);
+}
+
+/* The columns of C in tasks of a multiple of 16 columns (a cache line of
+ * floats): about two per thread over the batch, each product's share in
+ * proportion to its columns (few, since each task packs all of A, or starts
+ * its streams through a weight matrix anew: a decode step took 13.7 ms at
+ * best with two a thread, 14.5 with four, 15 with eight; two, so that a
+ * thread that finishes early can take over); a small product (under 2^16
+ * multiply-adds) in one task. One thread: each product in one piece, in
+ * order. */
+static void gemm_batch(GemmBatch *b) {
+    int threads = parallel_threads(), columns = 0;
+    for (int i = 0; i < b->count; i++) columns += b->g[i].N;
+    int tasks = 2 * threads;
+    b->first_task[0] = 0;
+    for (int i = 0; i < b->count; i++) {
+        Gemm *g = &b->g[i];
+        int share = (int)((double)tasks * g->N / columns + 0.5);
+        if (share < 1 || threads == 1 || (double)g->M * g->N * g->K < 65536.0) share = 1;
+        g->cols = ((g->N + share - 1) / share + 15) / 16 * 16;
+        b->first_task[i + 1] = b->first_task[i] + (g->N + g->cols - 1) / g->cols;
+    }
+    parallel_for(b->first_task[b->count], gemm_batch_task, b);
+}
+
+/* Every product of this file but the shared-input ones below. */
+static void gemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K, float alpha,
+                 const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+    GemmBatch b = {1, {{trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta, A, B, C, N}}, {0}};
+    gemm_batch(&b);
+}
+
+/* ------------------------------------------------------------------------ */
 /* 1. Attention states and their merge                                      */
 
 /* For queries q_i and keys/values (k_j, v_j), the scores, the log attention
@@ -34,8 +173,7 @@ void attention_states(int nq, int nk, int d, const float *q, int ldq,
                       const float *k, const float *v, int ldkv, int visible,
                       float *A, int ldA, float *lse, int ldlse, float *scores) {
     if (nk > 0)  /* scores (nq, nk) = Q K^T / sqrt(d) */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, d, 1.0f / sqrtf((float)d),
-                    q, ldq, k, ldkv, 0.0f, scores, nk);
+        gemm(CblasNoTrans, CblasTrans, nq, nk, d, 1.0f / sqrtf((float)d), q, ldq, k, ldkv, 0.0f, scores, nk);
     for (int i = 0; i < nq; i++) {
         float *row = scores + (size_t)i * nk;
         int seen = visible + i < nk ? visible + i : nk;
@@ -44,19 +182,20 @@ void attention_states(int nq, int nk, int d, const float *q, int ldq,
             lse[(size_t)i * ldlse] = -INFINITY;
             continue;
         }
-        float max = row[0];
+        float max = row[0], sum = 0.0f;
+        #pragma omp simd reduction(max:max)
         for (int j = 1; j < seen; j++) max = row[j] > max ? row[j] : max;
-        float sum = 0.0f;
-        for (int j = 0; j < seen; j++) { row[j] = expf(row[j] - max); sum += row[j]; }
+        #pragma omp simd reduction(+:sum)
+        for (int j = 0; j < seen; j++) { row[j] = exp_fast(row[j] - max); sum += row[j]; }
         /* lse = log sum_j exp(s_j) = max + log sum_j exp(s_j - max) */
         lse[(size_t)i * ldlse] = max + logf(sum);
         float inv = 1.0f / sum;
+        #pragma omp simd
         for (int j = 0; j < seen; j++) row[j] *= inv;
-        for (int j = seen; j < nk; j++) row[j] = 0.0f;
+        memset(row + seen, 0, (size_t)(nk - seen) * sizeof(float));
     }
     if (nk > 0)  /* A (nq, d) = P V */
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, d, nk, 1.0f,
-                    scores, nk, v, ldkv, 0.0f, A, ldA);
+        gemm(CblasNoTrans, CblasNoTrans, nq, d, nk, 1.0f, scores, nk, v, ldkv, 0.0f, A, ldA);
     else
         for (int i = 0; i < nq; i++) memset(A + (size_t)i * ldA, 0, (size_t)d * sizeof(float));
 }
@@ -72,10 +211,9 @@ void attention_states_backward(int nq, int nk, int d, const float *q, int ldq,
                                const float *scores, float *dq, float *dk, float *dv, float *tmp) {
     if (nk == 0) return;
     float scale = 1.0f / sqrtf((float)d);
-    if (dv) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, d, nq, 1.0f,
-                        scores, nk, dA, ldA, 1.0f, dv, ldkv);
+    if (dv) gemm(CblasTrans, CblasNoTrans, nk, d, nq, 1.0f, scores, nk, dA, ldA, 1.0f, dv, ldkv);
     /* tmp (nq, nk) = dA V^T, then ds in place */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nq, nk, d, 1.0f, dA, ldA, v, ldkv, 0.0f, tmp, nk);
+    gemm(CblasNoTrans, CblasTrans, nq, nk, d, 1.0f, dA, ldA, v, ldkv, 0.0f, tmp, nk);
     for (int i = 0; i < nq; i++) {
         float dA_dot_A = 0.0f;
         for (int c = 0; c < d; c++) dA_dot_A += dA[(size_t)i * ldA + c] * A[(size_t)i * ldA + c];
@@ -85,10 +223,8 @@ void attention_states_backward(int nq, int nk, int d, const float *q, int ldq,
             tmp[ij] = scores[ij] * (g + tmp[ij] - dA_dot_A);
         }
     }
-    if (dq) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nq, d, nk, scale,
-                        tmp, nk, k, ldkv, 1.0f, dq, ldq);
-    if (dk) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, nk, d, nq, scale,
-                        tmp, nk, q, ldq, 1.0f, dk, ldkv);
+    if (dq) gemm(CblasNoTrans, CblasNoTrans, nq, d, nk, scale, tmp, nk, k, ldkv, 1.0f, dq, ldq);
+    if (dk) gemm(CblasTrans, CblasNoTrans, nk, d, nq, scale, tmp, nk, q, ldq, 1.0f, dk, ldkv);
 }
 
 /* m = max(lse1, lse2), w_i = exp(lse_i - m):
@@ -136,24 +272,35 @@ void gate_merge(int d, const float *A_doc, float a_doc, const float *A_loc, floa
 /* ------------------------------------------------------------------------ */
 /* Linear layers (the modules and the transformer both use them)            */
 
-static float silu(float z) { return z / (1.0f + expf(-z)); }
+static inline float silu(float z) { return z / (1.0f + exp_fast(-z)); }
 
 /* Y (N, n_out) = X (N, n_in) W^T + beta Y: W stored (n_out, n_in), as every
  * weight matrix here (beta 1 adds into Y, as the residual stream does). */
 static void matmul(int N, int n_in, int n_out, const float *X, const float *W, float beta, float *Y) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, n_out, n_in, 1.0f, X, n_in, W, n_in, beta, Y, n_out);
+    gemm(CblasNoTrans, CblasTrans, N, n_out, n_in, 1.0f, X, n_in, W, n_in, beta, Y, n_out);
+}
+
+/* Y_i = X W_i^T for up to MAX_PRODUCTS weights that share the input X
+ * (N, n_in), in one parallel loop (a decode step waits for its threads once
+ * instead of once a product). */
+typedef struct { const float *W; int n_out; float *Y; } Product;
+
+static void matmuls(int N, int n_in, const float *X, int count, const Product *p) {
+    GemmBatch b = {count, {{0}}, {0}};
+    for (int i = 0; i < count; i++)
+        b.g[i] = (Gemm){CblasNoTrans, CblasTrans, N, p[i].n_out, n_in, n_in, n_in, p[i].n_out, 1.0f, 0.0f, X, p[i].W,
+                        p[i].Y, p[i].n_out};
+    gemm_batch(&b);
 }
 
 /* dW += dY^T X for a linear layer Y = X W^T (W stored (n_out, n_in)), if dW. */
 static void weight_grad(int ntok, int n_in, int n_out, const float *dY, const float *X, float *dW) {
-    if (dW) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n_out, n_in, ntok, 1.0f,
-                        dY, n_out, X, n_in, 1.0f, dW, n_in);
+    if (dW) gemm(CblasTrans, CblasNoTrans, n_out, n_in, ntok, 1.0f, dY, n_out, X, n_in, 1.0f, dW, n_in);
 }
 
 /* dX (+)= dY W for Y = X W^T; beta 0 overwrites, 1 adds. */
 static void input_grad(int ntok, int n_in, int n_out, const float *dY, const float *W, float beta, float *dX) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, ntok, n_in, n_out, 1.0f,
-                dY, n_out, W, n_in, beta, dX, n_in);
+    gemm(CblasNoTrans, CblasNoTrans, ntok, n_in, n_out, 1.0f, dY, n_out, W, n_in, beta, dX, n_in);
 }
 
 /* out (N, n_out) = in (N, n_in) W^T + b: a linear layer, W stored (n_out, n_in). */
@@ -344,7 +491,7 @@ void quad_init_from_cache(ModuleSet *s, const DocCache *doc) {
             Module *mod = &s->modules[l * G + g];
             float *W = mod->params, *Z = mod->params + (size_t)mod->n_pairs * d;
             for (int j = 0; j < mod->n_pairs; j++) {
-                size_t src = ((size_t)l * doc->n + j) * doc->kv_dim + (size_t)g * d;
+                size_t src = (((size_t)l * G + g) * doc->n + j) * d;  /* (L, G, n, d) */
                 memcpy(W + (size_t)j * d, doc->key + src, d * sizeof(float));
                 memcpy(Z + (size_t)j * d, doc->value + src, d * sizeof(float));
             }
@@ -369,6 +516,7 @@ void module_forward(const ModuleSet *s, const Module *mod, ModuleWork *w,
         int prev = mlp_prev(i, Db, Ds);
         linear_forward(N, d, width, w->x, p.Vq[i], p.b[i], pre);       /* Vq x + b */
         if (prev >= 0) matmul(N, width, width, w->hid + prev * layer_size, p.U[i], 1.0f, pre);  /* + U h_prev */
+        #pragma omp simd
         for (size_t j = 0; j < layer_size; j++) hid[j] = silu(pre[j]);  /* h = SiLU(pre) */
     }
     int hs = mlp_head_input(0, Db, Ds, Dt), ht = mlp_head_input(1, Db, Ds, Dt);
@@ -407,8 +555,9 @@ void module_backward(const ModuleSet *s, const Module *mod, ModuleWork *w,
      * h = SiLU(pre), pre = Vq x + U h_prev + b */
     for (int i = n_hidden - 1; i >= 0; i--) {
         float *pre = w->pre + i * layer_size, *dpre = w->dhid + i * layer_size;
+        #pragma omp simd
         for (size_t j = 0; j < layer_size; j++) {  /* SiLU'(z) = s(z) (1 + z (1 - s(z))) */
-            float sg = 1.0f / (1.0f + expf(-pre[j]));
+            float sg = 1.0f / (1.0f + exp_fast(-pre[j]));
             dpre[j] *= sg * (1.0f + pre[j] * (1.0f - sg));
         }
         linear_backward(N, d, width, w->x, p.Vq[i], dpre, g.Vq[i], g.b[i], w->dx);
@@ -533,15 +682,19 @@ const Document NO_DOCUMENT = {DOC_EXACT, 0, NULL, NULL};
 /* The table of every buffer: shapes as in nectar.h. */
 static int forward_buffers(RunState *s, const Config *c, RunBuffer *t) {
     size_t B = s->max_block, D = c->dim, F = c->hidden_dim, H = c->n_heads, L = c->n_layers;
-    size_t KVD = (size_t)c->dim / c->n_heads * c->n_kv_heads, C = (size_t)s->n_seqs * s->capacity;
-    size_t keys = s->max_doc > s->capacity ? s->max_doc : s->capacity, M = s->with_modules;
+    size_t KVD = (size_t)c->dim / c->n_heads * c->n_kv_heads, C = s->capacity, S = s->n_seqs;
+    size_t group = c->n_heads / c->n_kv_heads, doc_keys = group * s->max_doc;
+    size_t keys = doc_keys > C ? doc_keys : C;  /* a KV group's B * group queries over n keys, or a head's local keys */
+    size_t M = s->with_modules || s->max_doc > 0, chunks = (s->max_doc + DOC_CHUNK_KEYS - 1) / DOC_CHUNK_KEYS;
     RunBuffer list[] = {
         {&s->x, B * D}, {&s->xb, B * D}, {&s->q, B * D}, {&s->k, B * KVD}, {&s->v, B * KVD},
         {&s->att, B * D}, {&s->doc_A, B * D}, {&s->doc_lse, B * H}, {&s->loc_A, B * D}, {&s->loc_lse, B * H},
-        {&s->x_mid, B * D}, {&s->xb2, B * D}, {&s->hb, B * F}, {&s->hb2, B * F}, {&s->hgate, B * F},
+        {&s->tile_A, B * D}, {&s->tile_lse, B * H},
+        {&s->rope, B * (D / H)}, {&s->x_mid, B * D}, {&s->xb2, B * D}, {&s->hb, B * F}, {&s->hb2, B * F}, {&s->hgate, B * F},
         {&s->scores, B * keys}, {&s->logits, B * c->vocab_size},
-        {&s->key_cache, L * C * KVD}, {&s->value_cache, L * C * KVD},
+        {&s->key_cache, L * S * C * KVD}, {&s->value_cache, L * S * C * KVD},
         {&s->mq, M * B * D}, {&s->ma, M * B * H}, {&s->mA, M * B * D},
+        {&s->chunk_A, chunks * B * D}, {&s->chunk_lse, chunks * B * H},
     };
     memcpy(t, list, sizeof list);
     return (int)(sizeof list / sizeof list[0]);
@@ -638,12 +791,24 @@ static void rmsnorm_backward(float *dx, float *dw, const float *x, const float *
 
 /* RoPE, llama2.c convention: each adjacent pair (v_i, v_i+1) of a head is
  * rotated by the angle pos * theta^(-(i mod d) / d) (theta: 10000 in llama2.c,
- * the file's rope.freq_base in a GGUF). direction -1 rotates back: the
- * backward of the rotation. */
-static void rope(float *vec, int n, int head_size, int pos, float theta, float direction) {
-    for (int i = 0; i < head_size; i += 2) {  /* one angle per pair index, shared by every head */
-        float freq = 1.0f / powf(theta, i / (float)head_size);
-        float angle = pos * freq, fcr = cosf(angle), fci = direction * sinf(angle);
+ * the file's rope.freq_base in a GGUF). The angles of a block's rows are
+ * the same in every layer: rope_angles computes their cosines and sines
+ * once a forward, cs (ntok, d) holding (cos, sin) of pair i at 2 (i / 2). */
+static void rope_angles(float *cs, int ntok, int first_position, int head_size, float theta) {
+    for (int t = 0; t < ntok; t++)
+        for (int i = 0; i < head_size; i += 2) {  /* one angle per pair index, shared by every head */
+            float freq = 1.0f / powf(theta, i / (float)head_size), angle = (first_position + t) * freq;
+            cs[(size_t)t * head_size + i] = cosf(angle);
+            cs[(size_t)t * head_size + i + 1] = sinf(angle);
+        }
+}
+
+/* Rotates every pair of vec (n, a multiple of the head size) by its angle
+ * (cs: one row of rope_angles); direction -1 rotates back: the backward of
+ * the rotation. */
+static void rope(float *vec, int n, int head_size, const float *cs, float direction) {
+    for (int i = 0; i < head_size; i += 2) {
+        float fcr = cs[i], fci = direction * cs[i + 1];
         for (int j = i; j < n; j += head_size) {
             float v0 = vec[j], v1 = vec[j + 1];
             vec[j] = v0 * fcr - v1 * fci;
@@ -652,38 +817,125 @@ static void rope(float *vec, int n, int head_size, int pos, float theta, float d
     }
 }
 
-/* Where sequence seq's local keys (or values) of layer l start in the local
- * cache, (L, S, capacity, KVD). */
-static size_t local_cache_at(const RunState *s, int l, int seq, int kv_dim) {
-    return ((size_t)l * s->n_seqs + seq) * s->capacity * kv_dim;
-}
+/* A block's queries in chunks of LOCAL_ROWS rows, one chunk a task; its
+ * keys in tiles of LOCAL_KEYS, whose states merge: a tile's scores (64 x
+ * 512 floats, 128 KB) stay in L2 while OpenBLAS zeroes and fills them and
+ * the softmax and P V read them (with the 8K keys of a long prefill's last
+ * blocks at once they did not). */
+enum { LOCAL_ROWS = 64, LOCAL_KEYS = 512 };
 
-/* The local tokens' state: causal attention of each segment's queries over
- * its own sequence's local keys cached so far, including their own. */
-static void local_states(const Model *m, RunState *s, int l, const Segment *seg, int n_segs) {
-    const Config *c = &m->config;
-    int D = c->dim, d = D / c->n_heads, KVD = d * c->n_kv_heads, group = c->n_heads / c->n_kv_heads;
-    for (int k = 0, r = 0; k < n_segs; r += seg[k].ntok, k++) {
-        size_t layer = local_cache_at(s, l, seg[k].seq, KVD), row = (size_t)r * D;
-        for (int h = 0; h < c->n_heads; h++) {
-            size_t kv = layer + (size_t)(h / group) * d;
-            attention_states(seg[k].ntok, seg[k].pos + seg[k].ntok, d, s->q + row + h * d, D, s->key_cache + kv,
-                             s->value_cache + kv, KVD, seg[k].pos + 1, s->loc_A + row + h * d, D,
-                             s->loc_lse + (size_t)r * c->n_heads + h, c->n_heads, s->scores);
-        }
+/* One head's local attention over one chunk of the block's rows. */
+typedef struct {
+    const float *q, *key, *value;  /* the head's queries (stride D), its KV head's keys and values (stride ldkv) */
+    float *A, *lse;                /* its state (strides D and H) */
+    float *tile_A, *tile_lse;      /* one tile's state, the same shape */
+    float *scores;                 /* the block's scores (ntok, pos + ntok) */
+    int ntok, pos, d, D, H, ldkv;
+} LocalRows;
+
+/* Rows [r0, r0 + nr) see keys j < pos + 1 + r: the keys from pos + r0 + nr
+ * on are masked for all of them and are left out; in a tile from key k0,
+ * row r0 + i sees its keys below pos + 1 + r0 - k0 + i (none: the empty
+ * state, which the merge leaves out). */
+static void local_rows_task(void *ctx, int chunk) {
+    const LocalRows *j = ctx;
+    int D = j->D, H = j->H, r0 = chunk * LOCAL_ROWS, nr = j->ntok - r0 < LOCAL_ROWS ? j->ntok - r0 : LOCAL_ROWS;
+    int keys = j->pos + r0 + nr;
+    const float *q = j->q + (size_t)r0 * D;
+    float *A = j->A + (size_t)r0 * D, *lse = j->lse + (size_t)r0 * H, *scores = j->scores + (size_t)r0 * (j->pos + j->ntok);
+    for (int k0 = 0; k0 < keys; k0 += LOCAL_KEYS) {
+        int nk = keys - k0 < LOCAL_KEYS ? keys - k0 : LOCAL_KEYS;
+        float *tile_A = k0 == 0 ? A : j->tile_A + (size_t)r0 * D, *tile_lse = k0 == 0 ? lse : j->tile_lse + (size_t)r0 * H;
+        attention_states(nr, nk, j->d, q, D, j->key + (size_t)k0 * j->ldkv, j->value + (size_t)k0 * j->ldkv, j->ldkv,
+                         j->pos + 1 + r0 - k0, tile_A, D, tile_lse, H, scores);
+        if (k0 > 0)
+            for (int i = 0; i < nr; i++)
+                merge_states(j->d, A + (size_t)i * D, lse[(size_t)i * H], tile_A + (size_t)i * D, tile_lse[(size_t)i * H],
+                             A + (size_t)i * D, &lse[(size_t)i * H]);
     }
 }
 
-/* Exact: the document's state from its KV cache (no cache: the empty state). */
+/* Where KV head g of sequence seq keeps its local keys (or values) of
+ * layer l in the local cache, (L, S, G, capacity, d). */
+static size_t local_cache_at(const RunState *s, const Config *c, int l, int seq, int g) {
+    return (((size_t)l * s->n_seqs + seq) * c->n_kv_heads + g) * s->capacity * (c->dim / c->n_heads);
+}
+
+/* The local tokens' state: causal attention of each segment's queries over
+ * its own sequence's local keys cached so far, including their own; a head
+ * at a time, its rows in chunks on the pool's threads. */
+static void local_states(const Model *m, RunState *s, int l, const Segment *seg, int n_segs) {
+    const Config *c = &m->config;
+    int D = c->dim, H = c->n_heads, d = D / H, group = H / c->n_kv_heads;
+    for (int k = 0, r = 0; k < n_segs; r += seg[k].ntok, k++)
+        for (int h = 0; h < H; h++) {
+            size_t kv = local_cache_at(s, c, l, seg[k].seq, h / group), q = (size_t)r * D + h * d;
+            LocalRows job = {s->q + q, s->key_cache + kv, s->value_cache + kv, s->loc_A + q,
+                             s->loc_lse + (size_t)r * H + h, s->tile_A + q, s->tile_lse + (size_t)r * H + h,
+                             s->scores, seg[k].ntok, seg[k].pos, d, D, H, d};
+            parallel_for((seg[k].ntok + LOCAL_ROWS - 1) / LOCAL_ROWS, local_rows_task, &job);
+        }
+}
+
+/* One chunk of an exact document's keys, for the queries of every KV group. */
+typedef struct {
+    const float *q;                /* (G, rows, d) each KV group's queries */
+    const float *key, *value;      /* the layer's document keys and values (G, n, d) */
+    float *chunk_A, *chunk_lse;    /* (chunks, G, rows, d), (chunks, G, rows): each chunk's states */
+    float *scores;                 /* (rows, n): chunk c's block (rows, its keys) at rows * (its first key) */
+    int G, rows, d, n, chunk;      /* n keys in chunks of `chunk` */
+} DocChunks;
+
+/* The chunk's state for each KV group in turn. */
+static void doc_chunk_task(void *ctx, int c) {
+    const DocChunks *j = ctx;
+    int k0 = c * j->chunk, nk = j->n - k0 < j->chunk ? j->n - k0 : j->chunk;
+    for (int g = 0; g < j->G; g++) {
+        size_t kv = ((size_t)g * j->n + k0) * j->d, state = ((size_t)c * j->G + g) * j->rows;
+        attention_states(j->rows, nk, j->d, j->q + (size_t)g * j->rows * j->d, j->d, j->key + kv, j->value + kv,
+                         j->d, nk, j->chunk_A + state * j->d, j->d, j->chunk_lse + state, 1,
+                         j->scores + (size_t)k0 * j->rows);
+    }
+}
+
+/* The state of all n keys for the G groups: the chunks' states merged in
+ * order, into A (G, rows, d) and lse (G, rows). */
+static void merge_chunks(const DocChunks *j, int chunks, float *A, float *lse) {
+    int d = j->d, states = j->G * j->rows;  /* (group, row) pairs */
+    for (int r = 0; r < states; r++) {
+        memcpy(A + (size_t)r * d, j->chunk_A + (size_t)r * d, d * sizeof(float));
+        lse[r] = j->chunk_lse[r];
+        for (int c = 1; c < chunks; c++)
+            merge_states(d, A + (size_t)r * d, lse[r], j->chunk_A + ((size_t)c * states + r) * d,
+                         j->chunk_lse[(size_t)c * states + r], A + (size_t)r * d, &lse[r]);
+    }
+}
+
+/* Exact: the document's state from its KV cache (no cache: the empty
+ * state). As the Nectar path below, the queries of each KV head's group in
+ * one batch, so its keys and values are read once; the keys in chunks on
+ * the pool's threads, whose states merge exactly. */
 static void document_states_exact(const Model *m, RunState *s, const DocCache *cache, int l, int ntok) {
     const Config *c = &m->config;
-    int d = c->dim / c->n_heads, KVD = d * c->n_kv_heads, group = c->n_heads / c->n_kv_heads;
-    int n = cache ? cache->n : 0;
-    for (int h = 0; h < c->n_heads; h++) {
-        size_t kv = ((size_t)l * n) * KVD + (size_t)(h / group) * d;
-        attention_states(ntok, n, d, s->q + h * d, c->dim, n ? cache->key + kv : NULL,
-                         n ? cache->value + kv : NULL, KVD, n, s->doc_A + h * d, c->dim,
-                         s->doc_lse + h, c->n_heads, s->scores);
+    int D = c->dim, H = c->n_heads, G = c->n_kv_heads, d = D / H, group = H / G;
+    int n = cache ? cache->n : 0, rows = ntok * group;
+    if (n == 0) {
+        memset(s->doc_A, 0, (size_t)ntok * D * sizeof(float));
+        for (int i = 0; i < ntok * H; i++) s->doc_lse[i] = -INFINITY;
+        return;
+    }
+    /* the heads of group g are adjacent: row t holds group * d floats at q + t D + g group d */
+    for (int g = 0; g < G; g++)
+        copy_rows(s->mq + (size_t)g * rows * d, group * d, s->q + g * group * d, D, ntok, group * d);
+    int chunk = DOC_CHUNK_KEYS, chunks = (n + chunk - 1) / chunk;
+    size_t layer = (size_t)l * G * n * d;
+    DocChunks job = {s->mq, cache->key + layer, cache->value + layer, s->chunk_A, s->chunk_lse, s->scores,
+                     G, rows, d, n, chunk};
+    parallel_for(chunks, doc_chunk_task, &job);
+    merge_chunks(&job, chunks, s->mA, s->ma);
+    for (int g = 0; g < G; g++) {
+        copy_rows(s->doc_A + g * group * d, D, s->mA + (size_t)g * rows * d, group * d, ntok, group * d);
+        copy_rows(s->doc_lse + g * group, H, s->ma + (size_t)g * rows, group, ntok, group);
     }
 }
 
@@ -732,23 +984,22 @@ static void attention_nectar(const Model *m, RunState *s, const Document *doc, i
     merge_rows(m, s, ntok);
 }
 
-/* The block's keys and queries rotated at their positions (local tokens
- * follow the document), and its keys and values into their sequences'
- * local caches. */
-static void rotate_and_cache(const Model *m, RunState *s, const Document *doc, int l, const Segment *seg,
-                             int n_segs) {
+/* The block's queries and keys rotated at their positions (s->rope, from
+ * run_layers), and each segment's keys and values into its sequence's
+ * local cache, each KV head's keys contiguous. */
+static void rotate_and_cache(const Model *m, RunState *s, int l, const Segment *seg, int n_segs, int ntok) {
     const Config *c = &m->config;
     int D = c->dim, d = D / c->n_heads, KVD = d * c->n_kv_heads;
-    for (int k = 0, r = 0; k < n_segs; r += seg[k].ntok, k++) {
-        for (int t = 0; t < seg[k].ntok; t++) {
-            int position = doc->n + seg[k].pos + t;
-            rope(s->q + (size_t)(r + t) * D, D, d, position, c->rope_theta, 1.0f);
-            rope(s->k + (size_t)(r + t) * KVD, KVD, d, position, c->rope_theta, 1.0f);
-        }
-        size_t cache_row = local_cache_at(s, l, seg[k].seq, KVD) + (size_t)seg[k].pos * KVD;
-        memcpy(s->key_cache + cache_row, s->k + (size_t)r * KVD, (size_t)seg[k].ntok * KVD * sizeof(float));
-        memcpy(s->value_cache + cache_row, s->v + (size_t)r * KVD, (size_t)seg[k].ntok * KVD * sizeof(float));
+    for (int t = 0; t < ntok; t++) {
+        rope(s->q + (size_t)t * D, D, d, s->rope + (size_t)t * d, 1.0f);
+        rope(s->k + (size_t)t * KVD, KVD, d, s->rope + (size_t)t * d, 1.0f);
     }
+    for (int k = 0, r = 0; k < n_segs; r += seg[k].ntok, k++)
+        for (int g = 0; g < c->n_kv_heads; g++) {
+            size_t cache_row = local_cache_at(s, c, l, seg[k].seq, g) + (size_t)seg[k].pos * d, row = (size_t)r * KVD;
+            copy_rows(s->key_cache + cache_row, d, s->k + row + g * d, KVD, seg[k].ntok, d);
+            copy_rows(s->value_cache + cache_row, d, s->v + row + g * d, KVD, seg[k].ntok, d);
+        }
 }
 
 /* One transformer layer over the block's ntok rows (the segments' tokens
@@ -761,10 +1012,10 @@ static void layer_forward(const Model *m, RunState *s, const Document *doc, int 
     for (int t = 0; t < ntok; t++)
         rmsnorm(s->xb + (size_t)t * D, s->x + (size_t)t * D, w->rms_att + (size_t)l * D, D, c->norm_eps);
     /* q, k, v (B, D / KVD) = xb Wq^T, xb Wk^T, xb Wv^T */
-    matmul(ntok, D, D, s->xb, w->wq + (size_t)l * D * D, 0.0f, s->q);
-    matmul(ntok, D, KVD, s->xb, w->wk + (size_t)l * KVD * D, 0.0f, s->k);
-    matmul(ntok, D, KVD, s->xb, w->wv + (size_t)l * KVD * D, 0.0f, s->v);
-    rotate_and_cache(m, s, doc, l, seg, n_segs);
+    Product qkv[3] = {{w->wq + (size_t)l * D * D, D, s->q}, {w->wk + (size_t)l * KVD * D, KVD, s->k},
+                      {w->wv + (size_t)l * KVD * D, KVD, s->v}};
+    matmuls(ntok, D, s->xb, 3, qkv);
+    rotate_and_cache(m, s, l, seg, n_segs, ntok);
 
     if (doc->mode == DOC_NECTAR) attention_nectar(m, s, doc, l, seg, n_segs, ntok);
     else attention_exact(m, s, doc, l, seg, n_segs, ntok);
@@ -781,8 +1032,9 @@ static void layer_forward(const Model *m, RunState *s, const Document *doc, int 
     /* x = x_mid + W2 (SiLU(W1 xb2) * W3 xb2), xb2 = rmsnorm(x_mid) */
     for (int t = 0; t < ntok; t++)
         rmsnorm(s->xb2 + (size_t)t * D, s->x_mid + (size_t)t * D, w->rms_ffn + (size_t)l * D, D, c->norm_eps);
-    matmul(ntok, D, F, s->xb2, w->w1 + (size_t)l * F * D, 0.0f, s->hb);
-    matmul(ntok, D, F, s->xb2, w->w3 + (size_t)l * F * D, 0.0f, s->hb2);
+    Product w13[2] = {{w->w1 + (size_t)l * F * D, F, s->hb}, {w->w3 + (size_t)l * F * D, F, s->hb2}};
+    matmuls(ntok, D, s->xb2, 2, w13);  /* hb, hb2 = xb2 W1^T, xb2 W3^T */
+    #pragma omp simd
     for (size_t i = 0; i < (size_t)ntok * F; i++) s->hgate[i] = silu(s->hb[i]) * s->hb2[i];
     memcpy(s->x, s->x_mid, (size_t)ntok * D * sizeof(float));
     matmul(ntok, F, D, s->hgate, w->w2 + (size_t)l * D * F, 1.0f, s->x);
@@ -841,10 +1093,13 @@ static void block_logits(const Model *m, RunState *s, const int *at, int n, int 
  * another), keeping each layer's input when backward is enabled. */
 static void run_layers(const Model *m, RunState *s, const Document *doc, const Segment *seg, int n_segs, int ntok) {
     const Config *c = &m->config;
-    int D = c->dim;
-    for (int k = 0, r = 0; k < n_segs; r += seg[k].ntok, k++)
+    int D = c->dim, d = D / c->n_heads;
+    for (int k = 0, r = 0; k < n_segs; r += seg[k].ntok, k++) {
         for (int t = 0; t < seg[k].ntok; t++)
             memcpy(s->x + (size_t)(r + t) * D, m->w.token_embedding + (size_t)seg[k].tokens[t] * D, D * sizeof(float));
+        /* local tokens follow the document: positions doc->n + pos + t */
+        rope_angles(s->rope + (size_t)r * d, seg[k].ntok, doc->n + seg[k].pos, d, c->rope_theta);
+    }
     for (int l = 0; l < c->n_layers; l++) {
         float *saved = s->back.saved_x;  /* kept for backward: layer l's input */
         if (saved) memcpy(saved + (size_t)l * s->max_block * D, s->x, (size_t)ntok * D * sizeof(float));
@@ -890,6 +1145,7 @@ int forward_segments(const Model *m, RunState *s, const Document *doc, const Seg
     return 0;
 }
 
+
 /* ------------------------------------------------------------------------ */
 /* 4. The transformer: backward pass (each step quotes its forward line)    */
 
@@ -903,14 +1159,13 @@ static void local_states_backward(const Model *m, RunState *s, int l, int ntok) 
     memset(b->dq, 0, (size_t)ntok * D * sizeof(float));
     memset(b->dk, 0, (size_t)ntok * KVD * sizeof(float));
     memset(b->dv, 0, (size_t)ntok * KVD * sizeof(float));
-    size_t layer = local_cache_at(s, l, 0, KVD);
-    for (int h = 0; h < H; h++) {
-        size_t kv = layer + (size_t)(h / group) * d;
-        attention_states(ntok, ntok, d, s->q + h * d, D, s->key_cache + kv, s->value_cache + kv, KVD, 1,
+    for (int h = 0; h < H; h++) {  /* the block's own keys and values, as cached: s->k, s->v, stride KVD as dk, dv */
+        size_t kv = (size_t)(h / group) * d;
+        attention_states(ntok, ntok, d, s->q + h * d, D, s->k + kv, s->v + kv, KVD, 1,
                          s->loc_A + h * d, D, s->loc_lse + h, H, s->scores);
-        attention_states_backward(ntok, ntok, d, s->q + h * d, D, s->key_cache + kv, s->value_cache + kv, KVD,
+        attention_states_backward(ntok, ntok, d, s->q + h * d, D, s->k + kv, s->v + kv, KVD,
                                   s->loc_A + h * d, b->dloc_A + h * d, D, b->dloc_lse + h, H, s->scores,
-                                  b->dq + h * d, b->dk + (h / group) * d, b->dv + (h / group) * d, b->tmp);
+                                  b->dq + h * d, b->dk + kv, b->dv + kv, b->tmp);
     }
 }
 
@@ -919,14 +1174,14 @@ static void local_states_backward(const Model *m, RunState *s, int l, int ntok) 
 static void document_states_exact_backward(const Model *m, RunState *s, const DocCache *cache, int l, int ntok) {
     const Config *c = &m->config;
     BackwardBuffers *b = &s->back;
-    int d = c->dim / c->n_heads, KVD = d * c->n_kv_heads, group = c->n_heads / c->n_kv_heads;
+    int d = c->dim / c->n_heads, group = c->n_heads / c->n_kv_heads;
     int n = cache ? cache->n : 0;
     if (n == 0) return;
     for (int h = 0; h < c->n_heads; h++) {
-        size_t kv = ((size_t)l * n) * KVD + (size_t)(h / group) * d;
-        attention_states(ntok, n, d, s->q + h * d, c->dim, cache->key + kv, cache->value + kv, KVD, n,
+        size_t kv = ((size_t)l * c->n_kv_heads + h / group) * n * d;  /* its KV head's keys, (n, d) */
+        attention_states(ntok, n, d, s->q + h * d, c->dim, cache->key + kv, cache->value + kv, d, n,
                          s->doc_A + h * d, c->dim, s->doc_lse + h, c->n_heads, s->scores);
-        attention_states_backward(ntok, n, d, s->q + h * d, c->dim, cache->key + kv, cache->value + kv, KVD,
+        attention_states_backward(ntok, n, d, s->q + h * d, c->dim, cache->key + kv, cache->value + kv, d,
                                   s->doc_A + h * d, b->ddoc_A + h * d, c->dim, b->ddoc_lse + h, c->n_heads,
                                   s->scores, b->dq + h * d, NULL, NULL, b->tmp);
     }
@@ -994,8 +1249,9 @@ static void ffn_backward(const Model *m, RunState *s, int l, int ntok, Weights *
     input_grad(ntok, F, D, b->dx, w->w2 + (size_t)l * D * F, 0.0f, b->dhgate);
     weight_grad(ntok, F, D, b->dx, s->hgate, LAYER(dw->w2, l, (size_t)D * F));
     /* hgate = SiLU(hb) * hb2 */
+    #pragma omp simd
     for (size_t i = 0; i < (size_t)ntok * F; i++) {
-        float sg = 1.0f / (1.0f + expf(-s->hb[i]));
+        float sg = 1.0f / (1.0f + exp_fast(-s->hb[i]));
         b->dhb2[i] = b->dhgate[i] * s->hb[i] * sg;
         b->dhb[i] = b->dhgate[i] * s->hb2[i] * sg * (1.0f + s->hb[i] * (1.0f - sg));
     }
@@ -1031,8 +1287,8 @@ static void layer_backward(const Model *m, RunState *s, const Document *doc, int
     else attention_exact_backward(m, s, doc, l, ntok);
     /* q, k rotated at their positions: rotate the gradients back */
     for (int t = 0; t < ntok; t++) {
-        rope(b->dq + (size_t)t * D, D, d, doc->n + t, c->rope_theta, -1.0f);
-        rope(b->dk + (size_t)t * KVD, KVD, d, doc->n + t, c->rope_theta, -1.0f);
+        rope(b->dq + (size_t)t * D, D, d, s->rope + (size_t)t * d, -1.0f);  /* the forward's angles */
+        rope(b->dk + (size_t)t * KVD, KVD, d, s->rope + (size_t)t * d, -1.0f);
     }
     /* q, k, v = xb Wq^T, xb Wk^T, xb Wv^T */
     input_grad(ntok, D, D, b->dq, w->wq + (size_t)l * D * D, 0.0f, b->dxb);

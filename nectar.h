@@ -24,6 +24,7 @@
  *   cli.c        what the programs share: option parsing, progress lines,
  *                tables and JSON of the metrics
  *   util.c       memory, time, random numbers, hashing, sampling
+ *   parallel.c   the CPU's threads: a pool that runs the tasks of a loop
  *
  * Conventions: fp32; natural log; errors print one sentence on stderr and
  * return -1 (or NULL).
@@ -263,13 +264,22 @@ void adamw_update(float *params, const float *grads, float *m, float *v, size_t 
 /* ------------------------------------------------------------------------ */
 /* 4. The transformer's forward and backward passes                         */
 
+/* On the CPU each KV head's keys (and values) lie together, (L, G, n, d):
+ * a head's attention reads them as one stream (a decode step's products of
+ * three queries against them ran at half the speed with the heads
+ * interleaved, (L, n, KVD)). nectar_cuda.cu's device copies keep (L, n, KVD). */
 typedef struct DocCache {
     int n;          /* document tokens */
     int n_layers, kv_dim;
-    float *key;     /* (L, n, KVD) rotated at positions 0..n-1 */
-    float *value;   /* (L, n, KVD) */
+    float *key;     /* (L, G, n, d) rotated at positions 0..n-1 */
+    float *value;   /* (L, G, n, d) */
     uint64_t fingerprint; /* hash of the document's token ids */
 } DocCache;
+
+/* An exact document's keys are split into chunks of DOC_CHUNK_KEYS keys
+ * (the last one shorter), whose states merge: the chunks run on the pool's
+ * threads. */
+enum { DOC_CHUNK_KEYS = 256 };
 
 /* Where the document's attention state comes from: its KV cache (exact) or
  * its modules (Nectar). */
@@ -325,18 +335,23 @@ typedef struct {
     float *doc_lse; /* (B, H) */
     float *loc_A;   /* (B, H, d) local state */
     float *loc_lse; /* (B, H) */
+    float *tile_A;  /* (B, H, d) the local state of one tile of keys, merged into loc_A */
+    float *tile_lse;/* (B, H) */
+    float *rope;    /* (B, d) cos and sin of each row's RoPE angles, the pair (cos, sin) of pair i at 2 (i / 2) */
     float *x_mid;   /* (B, D) residual after attention */
     float *xb2;     /* (B, D) rmsnorm(x_mid) */
     float *hb;      /* (B, F) W1 xb2 */
     float *hb2;     /* (B, F) W3 xb2 */
     float *hgate;   /* (B, F) SiLU(hb) * hb2 */
-    float *scores;  /* (B, max(n, capacity)) */
+    float *scores;  /* (B, max(capacity, (H / G) n)): a head's B local rows, or a KV group's B (H / G) over n keys */
     float *logits;  /* (B, V) */
-    float *key_cache;   /* (L, S, capacity, KVD) local keys, rotated */
-    float *value_cache; /* (L, S, capacity, KVD) */
-    float *mq;          /* (B * H, d) queries gathered per module (DOC_NECTAR) */
-    float *ma;          /* (B * H) module scores */
-    float *mA;          /* (B * H, d) module targets */
+    float *key_cache;   /* (L, S, G, capacity, d) local keys, rotated (the GPU's: (L, capacity, KVD)) */
+    float *value_cache; /* (L, S, G, capacity, d) */
+    float *mq;          /* (B * H, d) queries gathered per KV head (DOC_NECTAR, or an exact document) */
+    float *ma;          /* (B * H) their document state: module scores, or lse */
+    float *mA;          /* (B * H, d) module targets, or A */
+    float *chunk_A;     /* (n / DOC_CHUNK_KEYS rounded up, B * H, d) an exact document's states per chunk */
+    float *chunk_lse;   /* (n / DOC_CHUNK_KEYS rounded up, B * H) */
     ModuleWork work;    /* for DOC_NECTAR */
     TeacherTaps taps;   /* NULL unless runstate_enable_taps: forward copies into them */
     BackwardBuffers back; /* NULL unless runstate_enable_backward */
@@ -576,5 +591,22 @@ void sampler_free(Sampler *s);
 /* Greedy at temperature 0; else a draw from softmax(logits / temperature),
  * restricted to the top-p mass when 0 < topp < 1. */
 int  sample(Sampler *s, const float *logits, int n);
+
+/* ------------------------------------------------------------------------ */
+/* Threads (parallel.c)                                                     */
+
+/* The CPU's parallelism is one pool of threads, the caller among them;
+ * OpenBLAS runs single-threaded inside its tasks (parallel_set_threads and
+ * the first parallel_for set it so). parallel_for runs task(ctx, i) for
+ * i = 0 .. n_tasks - 1, in any order and on any of the pool's threads, and
+ * returns when all are done; a call made inside a task, or while another
+ * thread's call runs, runs its tasks in the caller, one after another. */
+typedef void (*ParallelTask)(void *ctx, int task);
+void parallel_for(int n_tasks, ParallelTask task, void *ctx);
+/* The pool's size, the caller included: 0 is one thread per online CPU (the
+ * default), 1 runs every task in the caller. -1 with a sentence when out of
+ * range. */
+int  parallel_set_threads(int n);
+int  parallel_threads(void);
 
 #endif

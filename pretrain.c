@@ -13,7 +13,6 @@
 #include "corpus.h"
 #include "nectar.h"
 
-#include <cblas.h>
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
@@ -299,7 +298,7 @@ static int write_outputs(const Options *o, const Model *m) {
 }
 
 static int pretrain(const Options *o) {
-    openblas_set_num_threads(1);  /* the workers are the parallelism */
+    parallel_set_threads(1);  /* the workers are the parallelism (OpenBLAS single-threaded too) */
     /* find out now, not after the training, that the output cannot be written */
     char path[1024];
     snprintf(path, sizeof path, "%s/model.bin.tmp", o->out_dir);

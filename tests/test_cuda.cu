@@ -498,6 +498,16 @@ static void fixture_free(Fixture *f) {
     free(f->doc_ids);
 }
 
+/* A cache laid out (L, n, KVD) as the GPU keeps it, in the CPU's layout
+ * (L, G, n, d); malloc'd. */
+static float *heads_together(const float *x, int L, int n, int G, int d) {
+    float *y = (float *)xmalloc((size_t)L * n * G * d * sizeof(float));
+    for (int l = 0; l < L; l++)
+        for (int g = 0; g < G; g++)
+            copy_rows(y + ((size_t)l * G + g) * n * d, d, x + (size_t)l * n * G * d + (size_t)g * d, G * d, n, d);
+    return y;
+}
+
 /* The GPU's document cache (its own prefill) against the CPU's, then a
  * prompt and `decode` greedy steps with each state of the document: the
  * GPU's logits against the CPU's at every step. */
@@ -512,12 +522,15 @@ static void test_forward_matches_cpu(Config c, int n_doc, int block, int n_promp
     snprintf(tag, sizeof(tag), "D%d L%d H%d G%d V%d, document %d (block %d)", c.dim, c.n_layers, c.n_heads,
              c.n_kv_heads, V, n_doc, block);
     size_t kv = (size_t)c.n_layers * n_doc * f.cache.kv_dim;
-    float *gk = download(f.cache_d.key, kv), *gv = download(f.cache_d.value, kv);
+    int d = c.dim / c.n_heads;
+    float *gk_rows = download(f.cache_d.key, kv), *gv_rows = download(f.cache_d.value, kv);
+    float *gk = heads_together(gk_rows, c.n_layers, n_doc, c.n_kv_heads, d);
+    float *gv = heads_together(gv_rows, c.n_layers, n_doc, c.n_kv_heads, d);
     snprintf(what, sizeof(what), "prefill %s: keys", tag);
     check_close_f(what, gk, f.cache.key, kv, 1e-4, 1e-3);
     snprintf(what, sizeof(what), "prefill %s: values", tag);
     check_close_f(what, gv, f.cache.value, kv, 1e-4, 1e-3);
-    free(gk); free(gv);
+    free(gk); free(gv); free(gk_rows); free(gv_rows);
     for (int r = 0; r < 4; r++) {
         const Document *doc = &f.docs[r].cpu, *doc_d = &f.docs[r].gpu;
         RunState s;

@@ -6,7 +6,10 @@
 void ref_rmsnorm(float *o, const float *x, const float *w, int n, float eps) { rmsnorm(o, x, w, n, eps); }
 
 void ref_rope(float *vec, int n, int head_size, int pos, float theta, float direction) {
-    rope(vec, n, head_size, pos, theta, direction);
+    float *cs = xmalloc(head_size * sizeof(float));  /* (d) this position's cos and sin */
+    rope_angles(cs, 1, pos, head_size, theta);
+    rope(vec, n, head_size, cs, direction);
+    free(cs);
 }
 
 /* The SwiGLU line of layer_forward: hgate = SiLU(hb) * hb2 */
