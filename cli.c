@@ -60,6 +60,20 @@ void print_progress(const char *what, int done, int total, double t_start) {
             elapsed / done * (total - done));
 }
 
+/* The answer metrics' lines of the table. */
+static void print_answer_summary(FILE *f, const EvalResult *r) {
+    if (r->n_answers == 0) {
+        fprintf(f, "  answers: none of these prompts has a question part (document spans and continuations "
+                "have none)\n");
+        return;
+    }
+    fprintf(f, "  answers to the %d task prompts (greedy, to the model's stop or %d tokens):\n", r->n_answers,
+            r->answer_cap);
+    fprintf(f, "  %-26s %10s %10.4f %10.4f\n", "equal to the full cache's", "", r->answer_match,
+            r->answer_match_nodoc);
+    fprintf(f, "  %-26s %10s %10.4f\n", "prefix reproduced", "", r->answer_prefix);
+}
+
 void print_eval_table(FILE *f, const char *title, const EvalResult *r, int n_layers) {
     fprintf(f, "%s: %d prompts, %d next-token positions\n", title, r->n_prompts, r->n_positions);
     fprintf(f, "  %-26s %10s %10s %10s\n", "", "full cache", "Nectar", "no doc");
@@ -74,13 +88,16 @@ void print_eval_table(FILE *f, const char *title, const EvalResult *r, int n_lay
     fprintf(f, "    %-6s %12s %12s\n", "layer", "score MSE", "target MSE");
     for (int l = 0; l < n_layers; l++)
         fprintf(f, "    %-6d %12.4g %12.4g\n", l, r->score_mse_layer[l], r->target_mse_layer[l]);
+    print_answer_summary(f, r);
 }
 
 void print_eval_json(FILE *f, const EvalResult *r) {
     fprintf(f, "{\"n_prompts\": %d, \"n_positions\": %d, \"acc_full\": %.6f, \"acc_nectar\": %.6f, "
             "\"acc_nodoc\": %.6f, \"gap_pp\": %.4f, \"agree\": %.6f, \"agree_nodoc\": %.6f, "
-            "\"kl\": %.6g, \"kl_nodoc\": %.6g, \"score_mse\": %.6g, \"target_mse\": %.6g, \"rte\": %.6g}",
+            "\"kl\": %.6g, \"kl_nodoc\": %.6g, \"score_mse\": %.6g, \"target_mse\": %.6g, \"rte\": %.6g, "
+            "\"n_answers\": %d, \"answer_match\": %.6f, \"answer_match_nodoc\": %.6f, \"answer_prefix\": %.6f}",
             r->n_prompts, r->n_positions, r->acc_full, r->acc_nectar, r->acc_nodoc,
             100 * (r->acc_full - r->acc_nectar), r->agree, r->agree_nodoc, r->kl, r->kl_nodoc,
-            r->score_mse, r->target_mse, r->rte);
+            r->score_mse, r->target_mse, r->rte, r->n_answers, r->answer_match, r->answer_match_nodoc,
+            r->answer_prefix);
 }

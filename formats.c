@@ -422,9 +422,10 @@ int check_tokens(const Model *m, const int *tokens, int n, const char *what) {
 /* Module files                                                             */
 
 /* Module file: a fixed header, a table of (size, input_scale) per module,
- * every parameter, then the held-out prompts: offsets (n + 1), tokens,
- * challenge flags (n), all int32. */
-enum { MODULE_MAGIC = 0x5243544E /* "NTCR" */, MODULE_VERSION = 2 };
+ * every parameter, then the held-out prompts (when there are any): offsets
+ * (n + 1), tokens, challenge flags (n), question lengths (n), the
+ * no-document prefix, all int32. */
+enum { MODULE_MAGIC = 0x5243544E /* "NTCR" */, MODULE_VERSION = 3 };
 typedef struct {
     uint32_t magic, version;
     int32_t arch, n_layers, n_kv_heads, head_size;
@@ -434,7 +435,8 @@ typedef struct {
     uint64_t model_fingerprint, doc_fingerprint, n_params;
     int64_t n_heldout_tokens;
     int32_t chat;             /* 1: the document was framed as a chat turn (--chat) */
-    uint8_t pad[128 - 84];
+    int32_t answer_cap, answer_stop[2], n_nodoc_prefix;  /* the held-out prompts' (PromptSet) */
+    uint8_t pad[128 - 100];
 } ModuleFileHeader;
 _Static_assert(sizeof(ModuleFileHeader) == 128, "module file header is 128 bytes");
 
@@ -452,6 +454,8 @@ int moduleset_save(const ModuleSet *s, const char *path) {
     const PromptSet *p = &s->heldout;
     h.n_heldout = p->n_prompts;
     h.n_heldout_tokens = p->n_prompts ? p->offsets[p->n_prompts] : 0;
+    h.answer_cap = p->answer_cap; h.answer_stop[0] = p->answer_stop[0]; h.answer_stop[1] = p->answer_stop[1];
+    h.n_nodoc_prefix = p->n_prompts ? p->n_nodoc_prefix : 0;
     int count = s->n_layers * s->n_kv_heads;
     ModuleFileEntry *table = xmalloc(count * sizeof(ModuleFileEntry));
     for (int i = 0; i < count; i++) {
@@ -461,11 +465,12 @@ int moduleset_save(const ModuleSet *s, const char *path) {
     }
     int32_t *flags = xmalloc((p->n_prompts + 1) * sizeof(int32_t));
     for (int i = 0; i < p->n_prompts; i++) flags[i] = p->challenge[i];
-    const void *parts[6] = {&h, table, s->params, p->offsets, p->tokens, flags};
-    size_t sizes[6] = {sizeof(h), count * sizeof(ModuleFileEntry), s->n_params * sizeof(float),
+    const void *parts[8] = {&h, table, s->params, p->offsets, p->tokens, flags, p->question_len, p->nodoc_prefix};
+    size_t sizes[8] = {sizeof(h), count * sizeof(ModuleFileEntry), s->n_params * sizeof(float),
                        p->n_prompts ? (p->n_prompts + 1) * sizeof(int32_t) : 0,
-                       h.n_heldout_tokens * sizeof(int32_t), p->n_prompts * sizeof(int32_t)};
-    int rc = write_file_atomic(path, parts, sizes, 6);
+                       h.n_heldout_tokens * sizeof(int32_t), p->n_prompts * sizeof(int32_t),
+                       p->n_prompts * sizeof(int32_t), h.n_nodoc_prefix * sizeof(int32_t)};
+    int rc = write_file_atomic(path, parts, sizes, 8);
     free(table); free(flags);
     return rc;
 }
@@ -474,13 +479,15 @@ int moduleset_save(const ModuleSet *s, const char *path) {
 static const char *module_header_problem(const ModuleFileHeader *h) {
     if (h->magic != MODULE_MAGIC) return "it is not a Nectar module file (bad magic number)";
     if (h->version != MODULE_VERSION)
-        return "its format version is not the one this program reads (2: fingerprints cover the RoPE base and "
-               "RMSNorm epsilon); fit the modules again";
+        return "its format version is not the one this program reads (3: the held-out prompts keep their "
+               "question parts); fit the modules again";
     if (h->arch != ARCH_MLP && h->arch != ARCH_QUAD) return "its architecture is unknown";
     if (h->n_layers <= 0 || h->n_kv_heads <= 0 || h->head_size <= 0 || h->n_doc <= 0 ||
         h->n_layers > 4096 || h->n_kv_heads > 4096 || h->head_size > 65536 ||
         h->n_layers * h->n_kv_heads > (1 << 16) ||
-        h->n_heldout < 0 || h->n_heldout_tokens < 0 || h->n_heldout_tokens > (1 << 28))
+        h->n_heldout < 0 || h->n_heldout_tokens < 0 || h->n_heldout_tokens > (1 << 28) ||
+        h->answer_cap < 0 || h->answer_cap > (1 << 20) || h->n_nodoc_prefix < 0 ||
+        h->n_nodoc_prefix > MAX_NODOC_PREFIX)
         return "its dimensions are out of range";
     return NULL;
 }
@@ -503,24 +510,36 @@ static int module_table_sizes(const ModuleFileHeader *h, const ModuleFileEntry *
     return ok;
 }
 
+/* n int32 at *at into a new array; *at moves past them. */
+static int *read_ints(const unsigned char **at, size_t n) {
+    int *out = xmalloc((n + 1) * sizeof(int));
+    memcpy(out, *at, n * sizeof(int));
+    *at += n * sizeof(int32_t);
+    return out;
+}
+
 /* The held-out prompts at `at`: offsets (n + 1), tokens, challenge flags
- * (n); the offsets must rise from 0 to the token count. */
+ * (n), question lengths (n), the no-document prefix; the offsets must rise
+ * from 0 to the token count, each question fit its prompt. */
 static int read_heldout(PromptSet *p, const ModuleFileHeader *h, const unsigned char *at) {
-    p->n_prompts = h->n_heldout;
-    p->offsets = xmalloc((h->n_heldout + 1) * sizeof(int));
-    p->tokens = xmalloc(h->n_heldout_tokens * sizeof(int));
-    p->challenge = xmalloc(h->n_heldout);
-    memcpy(p->offsets, at, (h->n_heldout + 1) * sizeof(int));
-    at += (h->n_heldout + 1) * sizeof(int);
-    memcpy(p->tokens, at, h->n_heldout_tokens * sizeof(int));
-    at += h->n_heldout_tokens * sizeof(int);
-    int ok = p->offsets[0] == 0 && p->offsets[h->n_heldout] == h->n_heldout_tokens;
-    for (int i = 0; i < h->n_heldout; i++) {
-        int32_t flag;
-        memcpy(&flag, at + i * sizeof(int32_t), sizeof(flag));
-        p->challenge[i] = flag != 0;
+    int n = h->n_heldout, *flags;
+    p->n_prompts = n;
+    p->offsets = read_ints(&at, n + 1);
+    p->tokens = read_ints(&at, h->n_heldout_tokens);
+    flags = read_ints(&at, n);
+    p->question_len = read_ints(&at, n);
+    p->nodoc_prefix = read_ints(&at, h->n_nodoc_prefix);
+    p->n_nodoc_prefix = h->n_nodoc_prefix;
+    p->answer_cap = h->answer_cap;
+    p->answer_stop[0] = h->answer_stop[0]; p->answer_stop[1] = h->answer_stop[1];
+    p->challenge = xmalloc(n);
+    int ok = p->offsets[0] == 0 && p->offsets[n] == h->n_heldout_tokens;
+    for (int i = 0; i < n; i++) {
+        p->challenge[i] = flags[i] != 0;
         ok &= p->offsets[i + 1] > p->offsets[i];
+        ok &= ok && p->question_len[i] >= 0 && p->question_len[i] <= p->offsets[i + 1] - p->offsets[i];
     }
+    free(flags);
     return ok ? 0 : -1;
 }
 
@@ -536,7 +555,7 @@ static const char *read_modules(ModuleSet *s, const ModuleFileHeader *h, const u
     int *sizes = xmalloc(h->n_layers * sizeof(int));
     size_t n_params;
     int ok = module_table_sizes(h, table, sizes, &n_params);
-    size_t prompt_ints = h->n_heldout ? 2 * (size_t)h->n_heldout + 1 + h->n_heldout_tokens : 0;
+    size_t prompt_ints = h->n_heldout ? 3 * (size_t)h->n_heldout + 1 + h->n_heldout_tokens + h->n_nodoc_prefix : 0;
     size_t expected = sizeof(*h) + table_bytes + n_params * sizeof(float) + prompt_ints * sizeof(int32_t);
     const char *why = NULL;
     if (!ok) why = "its module table is inconsistent";

@@ -45,6 +45,8 @@ static void usage(FILE *f) {
         "  --compare      with -k and -d/-D: exact, Nectar and no-document generations in turn\n"
         "  --eval         with -k and -d/-D: metrics on the held-out prompts kept in the module\n"
         "  --json         with --eval: one JSON object on stdout\n"
+        "  --answers      with --eval: each held-out task prompt with its exact, Nectar and\n"
+        "                 no-document greedy answers, then the answer match (instead of the tables)\n"
         "  --gpu          run on the GPU (builds with nvcc; not with --eval)\n"
         "  --help         this text\n"
         "Modes: with -d/-D the document's KV cache is used (exact); with -k the module is\n"
@@ -57,16 +59,18 @@ static void usage(FILE *f) {
 
 typedef struct {
     const char *model_path, *tok_path, *doc_text_path, *doc_ids_path, *module_path, *prompt_text, *prompt_ids_path;
-    int n_gen, print_ids, encode_only, eval, compare, json, gpu, chat;
+    int n_gen, print_ids, encode_only, eval, compare, json, gpu, chat, answers;
     float temperature, topp;
     unsigned long long seed;
 } Options;
 
 /* A flag (an option without a value) into o: 1 if a is one, else 0. */
 static int parse_flag(const char *a, Options *o) {
-    int *flags[] = {&o->print_ids, &o->encode_only, &o->eval, &o->compare, &o->json, &o->gpu, &o->chat};
-    static const char *names[] = {"--ids", "--encode", "--eval", "--compare", "--json", "--gpu", "--chat"};
-    for (int k = 0; k < 7; k++)
+    int *flags[] = {&o->print_ids, &o->encode_only, &o->eval, &o->compare, &o->json, &o->gpu, &o->chat,
+                    &o->answers};
+    static const char *names[] = {"--ids", "--encode", "--eval", "--compare", "--json", "--gpu", "--chat",
+                                  "--answers"};
+    for (int k = 0; k < 8; k++)
         if (!strcmp(a, names[k])) { *flags[k] = 1; return 1; }
     return 0;
 }
@@ -98,6 +102,7 @@ static const char *options_problem(const Options *o) {
     if ((o->eval || o->compare) && !(o->module_path && has_doc))
         return "--eval and --compare need the module (-k) and its document (-d/-D)";
     if (o->json && !o->eval) return "--json is the output of --eval; add --eval or drop --json";
+    if (o->answers && (!o->eval || o->json)) return "--answers is a text output of --eval; add --eval and drop --json";
     if (o->gpu && o->eval) return "--eval runs on the CPU; drop --gpu";
 #ifndef NECTAR_CUDA
     if (o->gpu) return NO_GPU_SUPPORT;
@@ -453,6 +458,43 @@ static int generate(const Device *dv, const Document *doc, const int *prompt, in
     return generated;
 }
 
+/* Tokens as one line of text (a newline shown as \\n), or as ids without a
+ * tokenizer. */
+static void print_tokens(const Tokenizer *tok, const int *tokens, int n) {
+    for (int i = 0; i < n; i++) {
+        const char *piece = tok ? tokenizer_decode(tok, i ? tokens[i - 1] : -1, tokens[i]) : NULL;
+        if (!piece) printf("%s%d", i ? " " : "", tokens[i]);
+        else for (const char *c = piece; *c; c++) fputs(*c == '\n' ? "\\n" : (char[2]){*c, 0}, stdout);
+    }
+}
+
+/* The held-out task prompts of an evaluation with their three answers
+ * (list_each), then the answer match. */
+static void print_answers(const char *split, const EvalResult *r, const PromptSet *p, const Tokenizer *tok,
+                          int list_each) {
+    static const char *const names[3] = {"exact ", "Nectar", "no doc"};
+    if (r->n_answers == 0) {
+        printf("%s: no held-out prompt has a question part (spans and continuations have none)\n", split);
+        return;
+    }
+    for (int a = 0; list_each && a < r->n_answers; a++) {
+        const int *len = r->answer_len + (size_t)a * 3, *answers = r->answer_tokens + (size_t)a * 3 * r->answer_cap;
+        int i = r->answer_prompt[a];
+        int same = len[1] == len[0] && !memcmp(answers, answers + r->answer_cap, len[0] * sizeof(int));
+        printf("[%d] ", a + 1);
+        print_tokens(tok, p->tokens + p->offsets[i], p->question_len[i]);
+        printf("\n");
+        for (int k = 0; k < 3; k++) {
+            printf("    %s: ", names[k]);
+            print_tokens(tok, answers + (size_t)k * r->answer_cap, len[k]);
+            printf(k == 1 ? (same ? "   (= exact)\n" : "   (DIFFERS from exact)\n") : "\n");
+        }
+    }
+    printf("%s: Nectar's answer equals the full cache's on %.0f of %d task prompts (answer match %.3f; no "
+           "document %.3f; prefix reproduced %.3f)\n", split, r->answer_match * r->n_answers, r->n_answers,
+           r->answer_match, r->answer_match_nodoc, r->answer_prefix);
+}
+
 /* --eval: the metrics on the module file's held-out prompts (on the CPU). */
 static int run_eval(const Options *o, const Inputs *in, const Device *dv) {
     const Config *c = &in->model.config;
@@ -472,6 +514,11 @@ static int run_eval(const Options *o, const Inputs *in, const Device *dv) {
         printf(", \"challenge\": ");
         print_eval_json(stdout, &challenge_split);
         printf("}\n");
+    } else if (o->answers) {
+        printf("held-out task prompts (random split): greedy answers to the model's stop or %d tokens\n",
+               ms->heldout.answer_cap);
+        print_answers("random split", &random_split, &ms->heldout, in->tokp, 1);
+        print_answers("challenge split", &challenge_split, &ms->heldout, in->tokp, 0);
     } else {
         print_eval_table(stdout, "held-out prompts (random split)", &random_split, c->n_layers);
         print_eval_table(stdout, "held-out prompts (challenge split)", &challenge_split, c->n_layers);

@@ -1376,7 +1376,7 @@ typedef struct {
     RunState sf, sn, s0;        /* full cache (with taps), Nectar, no document */
     ModuleWork work;
     int max_len;
-    int *with_bos;              /* (max_len + 1) a prompt after BOS */
+    int *nodoc_input;           /* (n_nodoc_prefix + max_len) a prompt after the no-document prefix */
     float *q, *a, *A;           /* (max_len group, d), (max_len group), (max_len group, d) */
     double *lp_full, *lp_other; /* (V) log-probabilities */
     double *rte_sum;            /* (L, H) sums of log(||A_theta - A||^2 / ||q - A||^2) */
@@ -1384,7 +1384,8 @@ typedef struct {
     long hits_full, hits_nectar, hits_nodoc, agree, agree_nodoc;
 } Evaluation;
 
-static void evaluation_start(Evaluation *e, const Model *m, const DocCache *doc, const ModuleSet *ms, int max_len) {
+static void evaluation_start(Evaluation *e, const Model *m, const DocCache *doc, const ModuleSet *ms,
+                             const PromptSet *prompts, int max_len) {
     const Config *c = &m->config;
     int L = c->n_layers, H = c->n_heads, d = c->dim / H, group = H / c->n_kv_heads, V = c->vocab_size;
     memset(e, 0, sizeof(*e));
@@ -1394,9 +1395,10 @@ static void evaluation_start(Evaluation *e, const Model *m, const DocCache *doc,
     runstate_alloc(&e->sf, m, &e->full, max_len, max_len);
     runstate_enable_taps(&e->sf, m);
     runstate_alloc(&e->sn, m, &e->nectar, max_len, max_len);
-    runstate_alloc(&e->s0, m, &NO_DOCUMENT, max_len + 1, max_len + 1);
+    int nodoc_len = prompts->n_nodoc_prefix + max_len;
+    runstate_alloc(&e->s0, m, &NO_DOCUMENT, nodoc_len, nodoc_len);
     modulework_alloc(&e->work, ms, max_len * group);
-    e->with_bos = xmalloc((max_len + 1) * sizeof(int));
+    e->nodoc_input = xmalloc(nodoc_len * sizeof(int));
     e->a = xmalloc((size_t)max_len * group * sizeof(float));
     e->A = xmalloc((size_t)max_len * group * d * sizeof(float));
     e->q = xmalloc((size_t)max_len * group * d * sizeof(float));
@@ -1407,27 +1409,36 @@ static void evaluation_start(Evaluation *e, const Model *m, const DocCache *doc,
 }
 
 static void evaluation_free(Evaluation *e) {
-    free(e->with_bos); free(e->a); free(e->A); free(e->q); free(e->lp_full); free(e->lp_other);
+    free(e->nodoc_input); free(e->a); free(e->A); free(e->q); free(e->lp_full); free(e->lp_other);
     free(e->rte_sum); free(e->layer_samples);
     modulework_free(&e->work);
     runstate_free(&e->sf); runstate_free(&e->sn); runstate_free(&e->s0);
 }
 
+/* Without the document a prompt starts a sequence: the set's no-document
+ * prefix (BOS, or the chat turn's opening) goes first, unless the prompt
+ * starts with it. The prompt after it into out; returns the prefix's length. */
+static int after_nodoc_prefix(const PromptSet *p, const int *prompt, int len, int *out) {
+    int k = p->n_nodoc_prefix;
+    if (len >= k && !memcmp(prompt, p->nodoc_prefix, k * sizeof(int))) k = 0;
+    memcpy(out, p->nodoc_prefix, k * sizeof(int));
+    memcpy(out + k, prompt, len * sizeof(int));
+    return k;
+}
+
 /* One prompt through the full-cache, Nectar and no-document models: the
  * next-token predictions at positions 0 .. len-2 against the true next
  * token and against the full cache's. */
-static void count_next_tokens(Evaluation *e, const Model *m, const int *prompt, int len, EvalResult *r) {
+static void count_next_tokens(Evaluation *e, const Model *m, const PromptSet *p, const int *prompt, int len,
+                              EvalResult *r) {
     int V = m->config.vocab_size;
     forward(m, &e->sf, &e->full, prompt, len, 0, LOGITS_ALL);
     forward(m, &e->sn, &e->nectar, prompt, len, 0, LOGITS_ALL);
-    /* without the document the prompt starts a sequence: BOS first, unless it has one */
-    int bos = prompt[0] != 1;
-    e->with_bos[0] = 1;
-    memcpy(e->with_bos + bos, prompt, len * sizeof(int));
-    forward(m, &e->s0, &NO_DOCUMENT, e->with_bos, len + bos, 0, LOGITS_ALL);
+    int prefix = after_nodoc_prefix(p, prompt, len, e->nodoc_input);
+    forward(m, &e->s0, &NO_DOCUMENT, e->nodoc_input, prefix + len, 0, LOGITS_ALL);
     for (int t = 0; t + 1 < len; t++) {
         const float *lf = e->sf.logits + (size_t)t * V, *ln = e->sn.logits + (size_t)t * V;
-        const float *l0 = e->s0.logits + (size_t)(t + bos) * V;
+        const float *l0 = e->s0.logits + (size_t)(t + prefix) * V;
         int top_full = argmax(lf, V), top_nectar = argmax(ln, V), top_nodoc = argmax(l0, V);
         int truth = prompt[t + 1];
         e->hits_full += top_full == truth;
@@ -1513,14 +1524,14 @@ int evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const Pro
         evalresult_free(r);
         return -1;
     }
-    if (doc->n + max_len > c->seq_len) {
+    if (doc->n + max_len > c->seq_len || prompts->n_nodoc_prefix + max_len > c->seq_len) {
         fprintf(stderr, "error: document (%d) plus the longest prompt (%d) exceed the context of %d\n",
                 doc->n, max_len, c->seq_len);
         evalresult_free(r);
         return -1;
     }
     Evaluation e;
-    evaluation_start(&e, m, doc, ms, max_len);
+    evaluation_start(&e, m, doc, ms, prompts, max_len);
     for (int i = 0; i < prompts->n_prompts; i++) {
         if (challenge_only && !prompts->challenge[i]) continue;
         const int *prompt = prompts->tokens + prompts->offsets[i];
@@ -1531,7 +1542,7 @@ int evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const Pro
             return -1;
         }
         r->n_prompts++;
-        count_next_tokens(&e, m, prompt, len, r);
+        count_next_tokens(&e, m, prompts, prompt, len, r);
         count_module_fit(&e, m, ms, len, r);
     }
     evaluation_means(&e, c->n_layers, c->n_heads, r);
@@ -1542,11 +1553,116 @@ int evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const Pro
         evalresult_free(r);
         return -1;
     }
+    if (evaluate_answers(m, doc, ms, prompts, challenge_only, r) != 0) {
+        evalresult_free(r);
+        return -1;
+    }
     return 0;
+}
+
+/* Answers: greedy rollouts after each question                            */
+
+int answer_rollout(const Model *m, RunState *s, const Document *doc, const int *question, int n_question,
+                   const int stop[2], int cap, int *answer) {
+    if (n_question < 1 || cap < 1) return 0;
+    if (forward(m, s, doc, question, n_question, 0, LOGITS_LAST) != 0) return -1;
+    const float *logits = s->logits + (size_t)(n_question - 1) * m->config.vocab_size;
+    for (int n = 0; n < cap; n++) {
+        answer[n] = argmax(logits, m->config.vocab_size);
+        if (answer[n] == stop[0] || answer[n] == stop[1]) return n + 1;
+        if (n + 1 < cap && forward(m, s, doc, &answer[n], 1, n_question + n, LOGITS_LAST) != 0) return -1;
+        logits = s->logits;
+    }
+    return cap;
+}
+
+double answer_prefix_fraction(const int *ref, int n_ref, const int *got, int n_got) {
+    int k = 0;
+    while (k < n_ref && k < n_got && ref[k] == got[k]) k++;
+    return n_ref > 0 ? (double)k / n_ref : 1.0;
+}
+
+/* The prompts with a question part (within the split asked for; none when
+ * answers may have no token): their count, and the longest question. */
+static int answer_prompts(const PromptSet *p, int challenge_only, int *max_question) {
+    int count = 0;
+    *max_question = 1;
+    for (int i = 0; p->question_len && p->answer_cap > 0 && i < p->n_prompts; i++) {
+        if (p->question_len[i] == 0 || (challenge_only && !p->challenge[i])) continue;
+        count++;
+        if (p->question_len[i] > *max_question) *max_question = p->question_len[i];
+    }
+    return count;
+}
+
+/* The full-cache, Nectar and no-document answers to question i into
+ * r's row `at`; -1 if a rollout failed. */
+static int answer_three_ways(const Model *m, RunState s[3], const Document runs[3], const PromptSet *p, int i,
+                             int cap, int *nodoc_input, EvalResult *r, int at) {
+    int nq = p->question_len[i];
+    const int *question = p->tokens + p->offsets[i];
+    int prefix = after_nodoc_prefix(p, question, nq, nodoc_input);
+    const int *inputs[3] = {question, question, nodoc_input}, lengths[3] = {nq, nq, prefix + nq};
+    int *len = r->answer_len + (size_t)at * 3;
+    for (int k = 0; k < 3; k++) {
+        int *answer = r->answer_tokens + ((size_t)at * 3 + k) * r->answer_cap;
+        len[k] = answer_rollout(m, &s[k], &runs[k], inputs[k], lengths[k], p->answer_stop, cap, answer);
+        if (len[k] < 0) return -1;
+    }
+    return 0;
+}
+
+/* answer_match: equal token for token (so of equal length); answer_prefix:
+ * the share of the full cache's answer before the first difference. */
+static void answer_means(EvalResult *r) {
+    double match = 0, match_nodoc = 0, prefix = 0;
+    for (int a = 0; a < r->n_answers; a++) {
+        const int *len = r->answer_len + (size_t)a * 3;
+        const int *full = r->answer_tokens + (size_t)a * 3 * r->answer_cap;
+        const int *nectar = full + r->answer_cap, *nodoc = full + 2 * r->answer_cap;
+        match += len[1] == len[0] && !memcmp(nectar, full, len[0] * sizeof(int));
+        match_nodoc += len[2] == len[0] && !memcmp(nodoc, full, len[0] * sizeof(int));
+        prefix += answer_prefix_fraction(full, len[0], nectar, len[1]);
+    }
+    if (r->n_answers == 0) return;
+    r->answer_match = match / r->n_answers;
+    r->answer_match_nodoc = match_nodoc / r->n_answers;
+    r->answer_prefix = prefix / r->n_answers;
+}
+
+int evaluate_answers(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
+                     int challenge_only, EvalResult *r) {
+    int max_question, cap = prompts->answer_cap, T = m->config.seq_len, K = prompts->n_nodoc_prefix;
+    r->n_answers = answer_prompts(prompts, challenge_only, &max_question);
+    r->answer_cap = cap > 0 ? cap : 1;
+    r->answer_prompt = xmalloc((r->n_answers + 1) * sizeof(int));
+    r->answer_len = xmalloc(((size_t)r->n_answers * 3 + 1) * sizeof(int));
+    r->answer_tokens = xmalloc(((size_t)r->n_answers * 3 * r->answer_cap + 1) * sizeof(int));
+    if (r->n_answers == 0) return 0;
+    Document runs[3] = {{DOC_EXACT, doc->n, doc, NULL}, {DOC_NECTAR, ms->n_doc, NULL, ms}, NO_DOCUMENT};
+    RunState s[3];
+    for (int k = 0; k < 3; k++) {
+        int block = max_question + (k == 2 ? K : 0);
+        runstate_alloc(&s[k], m, &runs[k], block, block + cap);
+    }
+    int *nodoc_input = xmalloc((size_t)(K + max_question) * sizeof(int)), rc = 0;
+    for (int i = 0, at = 0; i < prompts->n_prompts && rc == 0; i++) {
+        int nq = prompts->question_len[i];
+        if (nq == 0 || (challenge_only && !prompts->challenge[i])) continue;
+        /* the same cap for all three: where the context ends after the document (or the prefix) */
+        int room = T - (doc->n > K ? doc->n : K) - nq, answer_cap = cap < room ? cap : room;
+        rc = answer_three_ways(m, s, runs, prompts, i, answer_cap, nodoc_input, r, at);
+        r->answer_prompt[at++] = i;
+    }
+    if (rc == 0) answer_means(r);
+    free(nodoc_input);
+    for (int k = 0; k < 3; k++) runstate_free(&s[k]);
+    return rc;
 }
 
 void evalresult_free(EvalResult *r) {
     free(r->score_mse_layer); free(r->target_mse_layer);
+    free(r->answer_prompt); free(r->answer_len); free(r->answer_tokens);
     memset(r, 0, sizeof(*r));
 }
 
@@ -1558,7 +1674,7 @@ int promptset_max_len(const PromptSet *p) {
 }
 
 void promptset_free(PromptSet *p) {
-    free(p->offsets); free(p->tokens); free(p->challenge);
+    free(p->offsets); free(p->tokens); free(p->challenge); free(p->question_len); free(p->nodoc_prefix);
     memset(p, 0, sizeof(*p));
 }
 

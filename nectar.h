@@ -128,12 +128,24 @@ typedef struct {
     float *grads;       /* view into ModuleSet.grads, or NULL */
 } Module;
 
-/* Prompts, one after another; the held-out ones travel in the module file. */
+/* Prompts, one after another; the held-out ones travel in the module file,
+ * with what their evaluation needs. A task prompt is a question followed by
+ * the full-cache model's answer: its first question_len[i] tokens are what
+ * a user types, the rest the answer, which ends with one of answer_stop.
+ * Spans and continuations of the document have no answer part. */
+enum { MAX_NODOC_PREFIX = 4096 };
 typedef struct {
     int n_prompts;
     int *offsets;             /* (n_prompts + 1) prompt i is tokens[offsets[i] .. offsets[i+1]) */
     int *tokens;              /* (offsets[n_prompts]) */
     unsigned char *challenge; /* (n_prompts) 1: in the challenge split */
+    int *question_len;        /* (n_prompts) tokens before the answer; 0: no answer part */
+    int answer_cap;           /* an answer is at most this many tokens */
+    int answer_stop[2];       /* the tokens that end an answer (a text model's newline and BOS, a chat
+                               * model's end of turn and end of text); -1: unused */
+    int n_nodoc_prefix;       /* <= MAX_NODOC_PREFIX */
+    int *nodoc_prefix;        /* (n_nodoc_prefix) what a prompt follows when there is no document:
+                               * BOS, or a chat turn's opening (the document's own opening) */
 } PromptSet;
 
 typedef struct {
@@ -424,6 +436,16 @@ typedef struct {
     double score_mse, target_mse; /* mean (a - alpha)^2, mean ||A_theta - A||^2 */
     double rte;                   /* exp(mean over (layer, query head) of mean log(||A_theta - A||^2 / ||q - A||^2)) */
     double *score_mse_layer, *target_mse_layer;  /* (L) */
+    /* answers: greedy rollouts after the question part of each prompt that
+     * has one (evaluate_answers) */
+    int n_answers;                /* prompts with a question part */
+    double answer_match;          /* fraction whose Nectar answer equals the full cache's, token for token */
+    double answer_match_nodoc;    /* the same for the no-document model */
+    double answer_prefix;         /* mean fraction of the full cache's answer Nectar reproduces before it diverges */
+    int answer_cap;               /* Acap: the longest answer, the stride below */
+    int *answer_prompt;           /* (n_answers) the prompt's index in the set */
+    int *answer_len;              /* (n_answers, 3) lengths: full cache, Nectar, no document */
+    int *answer_tokens;           /* (n_answers, 3, Acap) the answers */
 } EvalResult;
 
 /* Runs the full-cache, Nectar and no-document models over each prompt of
@@ -431,6 +453,23 @@ typedef struct {
  * Returns -1 with a message if the modules' outputs are not finite. */
 int  evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
               int challenge_only, EvalResult *r);
+/* Greedy answer after a question (n_question tokens at local position 0):
+ * argmax tokens until one of stop[2] (kept as the answer's last token) or
+ * `cap` tokens. s holds n_question tokens a block and n_question + cap in
+ * its cache. Returns the answer's length (answer holds cap), or -1. */
+int  answer_rollout(const Model *m, RunState *s, const Document *doc, const int *question, int n_question,
+                    const int stop[2], int cap, int *answer);
+/* The fraction of ref's n_ref tokens that got reproduces before the first
+ * token where they differ (1 when ref is empty). */
+double answer_prefix_fraction(const int *ref, int n_ref, const int *got, int n_got);
+/* The answer metrics of r (n_answers, answer_match, answer_match_nodoc,
+ * answer_prefix and the answers themselves): the full-cache, Nectar and
+ * no-document answers (answer_rollout; without the document the question
+ * follows the set's nodoc_prefix; the cap shortened where the context ends)
+ * of every prompt with a question part (challenge_only: only those
+ * marked). evaluate calls it. */
+int  evaluate_answers(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
+                      int challenge_only, EvalResult *r);
 void evalresult_free(EvalResult *r);
 /* The longest prompt's length (at least 1). */
 int  promptset_max_len(const PromptSet *p);
@@ -536,6 +575,12 @@ char *chat_prompt(const Tokenizer *t, const char *question, int after_document);
  * sentence; malloc'd. */
 int *encode_document(const Tokenizer *t, const char *text, int chat, int max, int *n);
 int *encode_prompt(const Tokenizer *t, const char *text, int chat, int after_document, int max, int *n);
+/* A prompt set's conventions (PromptSet): its answers end with a chat
+ * model's end of turn (EOS), or a text model's newline, or BOS; without the
+ * document a prompt follows the document's own opening (BOS, or the chat
+ * turn's start: encode_document of ""). No tokenizer (token ids and a
+ * llama2.c checkpoint): BOS = 1 opens a sequence and ends an answer. */
+void answer_conventions(const Tokenizer *t, int chat, PromptSet *p);
 
 /* ------------------------------------------------------------------------ */
 /* What the programs share (cli.c)                                          */

@@ -5,6 +5,8 @@
  *   ./pretrain -o data            writes data/model.bin, data/tokenizer.bin,
  *                                 data/doc.txt and data/prompts.txt
  *   ./pretrain --eval data        how well the model reads its document
+ *   ./pretrain --write-doc DIR --doc-index 3
+ *                                 another held-out document and its prompts
  *
  * Everything is a function of the seed: the same command writes the same
  * bytes (two worker threads, each with single-threaded BLAS, whose
@@ -26,19 +28,21 @@ static const Config DEFAULT_CONFIG = {128, 384, 4, 4, 2, 259, 320, LLAMA2C_ROPE_
 enum { N_WORKERS = 2, MAX_BATCH = 1 << 20 /* samples per step */ };
 
 typedef struct {
-    const char *out_dir, *eval_dir;
-    int steps, batch, eval_docs;
+    const char *out_dir, *eval_dir, *write_doc_dir;
+    int steps, batch, eval_docs, doc_index;
     float lr, p_copy_start, p_copy_end;
     unsigned long long seed;
 } Options;
 
 /* the options that take a value, for the message when one comes last */
-static const char VALUE_OPTIONS[] = " -o --eval --steps --batch --docs --lr --copy-start --copy-end -s ";
+static const char VALUE_OPTIONS[] = " -o --eval --write-doc --doc-index --steps --batch --docs --lr --copy-start "
+    "--copy-end -s ";
 
 static void usage(FILE *f) {
     fprintf(f,
         "usage: pretrain -o DIR [options]     train the default model into DIR\n"
         "       pretrain --eval DIR [options] measure how it reads its document\n"
+        "       pretrain --write-doc DIR [--doc-index N] write a held-out document and its prompts\n"
         "  -o DIR          write model.bin, tokenizer.bin, doc.txt, prompts.txt there\n"
         "  --eval DIR      evaluate DIR/model.bin on held-out documents\n"
         "  --steps N       optimisation steps (default 6000)\n"
@@ -47,6 +51,9 @@ static void usage(FILE *f) {
         "  --copy-start P  share of \"Repeat:\" copy samples at the start (default 0.6)\n"
         "  --copy-end P    and at the end, linearly in between (default 0.25)\n"
         "  --docs N        held-out documents for --eval (default 200)\n"
+        "  --write-doc DIR write DIR/doc.txt and DIR/prompts.txt (its tasks, each cut before the\n"
+        "                  answer) for held-out document --doc-index, as -o writes them for document 0\n"
+        "  --doc-index N   which held-out document (default 0, the one -o writes; --eval reads 1..--docs)\n"
         "  -s SEED         seed (default 1)\n"
         "  --help          this text\n");
 }
@@ -188,15 +195,16 @@ static int write_tokenizer(const char *path) {
 /* held-out documents come from their own stream, never the training one */
 static uint64_t heldout_rng(unsigned long long seed, int i) { return sample_rng(seed ^ 0x5EED0F4E1DULL, -1, i); }
 
-/* The default document (the first held-out one) and default prompts: tasks
- * about it of each kind, each cut just before its answer, without repeats,
- * kinds interleaved so that the first three are a quote, a continuation and
- * a question. A backslash-n in prompts.txt stands for a newline. */
+/* The default document (held-out document o->doc_index: 0 for -o) and
+ * default prompts: tasks about it of each kind, each cut just before its
+ * answer, without repeats, kinds interleaved so that the first three are a
+ * quote, a continuation and a question. A backslash-n in prompts.txt stands
+ * for a newline. */
 static int write_demo(const char *dir, const Options *o) {
     enum { PER_KIND = 20, TRIES = 200 };
     char path[1024], doc[512], task[256], seen[3 * PER_KIND][256];
     int n_seen = 0, kept[3] = {0};
-    uint64_t rng = heldout_rng(o->seed, 0);
+    uint64_t rng = heldout_rng(o->seed, o->doc_index);
     int n = corpus_document(&rng, doc, sizeof doc);
     snprintf(path, sizeof path, "%s/doc.txt", dir);
     const void *doc_part = doc;
@@ -295,6 +303,19 @@ static int write_outputs(const Options *o, const Model *m) {
     if (rc == 0) rc = write_demo(o->out_dir, o);
     if (rc == 0) fprintf(stderr, "wrote %s/{model.bin,tokenizer.bin,doc.txt,prompts.txt}\n", o->out_dir);
     return rc;
+}
+
+/* --write-doc: held-out document o->doc_index and its prompts into a
+ * folder (made if missing), without a model. */
+static int write_held_out_document(const Options *o) {
+    if (mkdir(o->write_doc_dir, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "error: cannot make %s: %s\n", o->write_doc_dir, strerror(errno));
+        return -1;
+    }
+    if (write_demo(o->write_doc_dir, o) != 0) return -1;
+    fprintf(stderr, "wrote %s/doc.txt and %s/prompts.txt: held-out document %d (seed %llu)\n", o->write_doc_dir,
+            o->write_doc_dir, o->doc_index, o->seed);
+    return 0;
 }
 
 static int pretrain(const Options *o) {
@@ -437,6 +458,8 @@ int main(int argc, char **argv) {
         int bad = 0;
         if (!strcmp(a, "-o")) o.out_dir = v;
         else if (!strcmp(a, "--eval")) o.eval_dir = v;
+        else if (!strcmp(a, "--write-doc")) o.write_doc_dir = v;
+        else if (!strcmp(a, "--doc-index")) bad = parse_int_option(a, v, &o.doc_index);
         else if (!strcmp(a, "--steps")) bad = parse_int_option(a, v, &o.steps);
         else if (!strcmp(a, "--batch")) bad = parse_int_option(a, v, &o.batch);
         else if (!strcmp(a, "--docs")) bad = parse_int_option(a, v, &o.eval_docs);
@@ -447,7 +470,15 @@ int main(int argc, char **argv) {
         else { fprintf(stderr, "error: unknown option '%s' (see --help)\n", a); return 1; }
         if (bad) return 1;
     }
-    if (!o.out_dir == !o.eval_dir) { fprintf(stderr, "error: give -o DIR (train) or --eval DIR (measure)\n"); return 1; }
+    if (!!o.out_dir + !!o.eval_dir + !!o.write_doc_dir != 1) {
+        fprintf(stderr, "error: give one of -o DIR (train), --eval DIR (measure) or --write-doc DIR\n");
+        return 1;
+    }
+    if (o.doc_index < 0 || (o.doc_index > 0 && !o.write_doc_dir)) {
+        fprintf(stderr, "error: --doc-index must be >= 0, and goes with --write-doc\n");
+        return 1;
+    }
+    if (o.write_doc_dir) return write_held_out_document(&o) == 0 ? 0 : 1;
     if (o.steps < 1 || o.batch < N_WORKERS || o.batch > MAX_BATCH || !(o.lr > 0) || o.eval_docs < 1 ||
         o.p_copy_start < 0 || o.p_copy_start > 1 || o.p_copy_end < 0 || o.p_copy_end > 1) {
         fprintf(stderr, "error: need --steps >= 1, --batch in %d..%d, --lr > 0, --docs >= 1, --copy-start and "

@@ -470,3 +470,25 @@ int *encode_prompt(const Tokenizer *t, const char *text, int chat, int after_doc
     free(framed);
     return ids;
 }
+
+/* The newline's id: the piece "\n" (or its byte "<0x0A>") of a scores
+ * vocabulary, the one token a byte-level vocabulary encodes it as; -1. */
+static int newline_token(const Tokenizer *t) {
+    if (t->kind == TOKENIZER_SCORES) {
+        for (int i = 0; i < t->vocab_size; i++)
+            if (!strcmp(t->vocab[i], "\n") || !strcmp(t->vocab[i], "<0x0A>")) return i;
+        return -1;
+    }
+    int ids[4];
+    return tokenizer_encode(t, "\n", 0, 0, ids, 4) == 1 ? ids[0] : -1;
+}
+
+void answer_conventions(const Tokenizer *t, int chat, PromptSet *p) {
+    int n = 1, *prefix = t ? encode_document(t, "", chat, MAX_NODOC_PREFIX, &n) : NULL;
+    free(p->nodoc_prefix);
+    p->nodoc_prefix = prefix ? prefix : xmalloc(sizeof(int));
+    p->n_nodoc_prefix = prefix ? n : 1;
+    if (!prefix) p->nodoc_prefix[0] = 1;  /* llama2.c's BOS */
+    p->answer_stop[0] = !t ? -1 : chat ? t->eos_id : newline_token(t);
+    p->answer_stop[1] = t ? t->bos_id : 1;
+}

@@ -4,9 +4,10 @@
  *
  * main reads as its steps:
  * 1. the model, the tokenizer and the document's KV cache;
- * 2. self-study prompts: document spans to quote, continuations the
- *    full-cache model samples after a span, and prompts from a file;
- *    a seeded 80/20 split into train and held-out;
+ * 2. self-study prompts (selfstudy.c): document spans to quote,
+ *    continuations of them, tasks the full-cache model writes about the
+ *    document and answers, and prompts from a file; a seeded 80/20 split
+ *    into train and held-out;
  * 3. teacher pass: the full-cache model runs every prompt after the document
  *    and records, per position, layer and query head, q, alpha(q) and A(q);
  *    the challenge subset of the held-out prompts;
@@ -17,6 +18,7 @@
  * 6. the metrics on the held-out prompts and the module file (with them).
  */
 #include "nectar.h"
+#include "selfstudy.h"
 #ifdef NECTAR_CUDA
 #include "nectar_cuda.h"
 #endif
@@ -37,9 +39,10 @@ typedef struct {
     const char *prompts_text_path, *prompts_ids_path, *checkpoint_path, *resume_path;
     ModuleArch arch;
     float rho, lr, weight_decay, warmup_fraction, lambda_alpha, lambda_A, lambda_kl;
-    int steps, batch, kl_prompts, n_prompts, prompt_len, answer_len, checkpoint_every, stop_after, json, gpu, chat;
+    int steps, batch, kl_prompts, n_prompts, n_tasks, prompt_len, answer_len, checkpoint_every, stop_after, json;
+    int gpu, chat;
     int depth_backbone, depth_score, depth_target;
-    int loss_preset;  /* 0 regression, 1 mixed, 2 kl */
+    enum { LOSS_KL, LOSS_REGRESSION, LOSS_MIXED } loss_preset;
     const char *groups;
     unsigned long long seed;
 } Options;
@@ -61,18 +64,24 @@ static void usage(FILE *f) {
         "                    normalised to average 1), e.g. 0-2:1,2-4:2 for 4 layers\n"
         "  --steps N         optimisation steps (default 6000; 0 evaluates the initial modules)\n"
         "  --batch N         prompt positions per step (default 64; x heads per group)\n"
-        "  --lr LR           peak learning rate (default 1e-2)   --wd W  weight decay (default 0)\n"
+        "  --lr LR           peak learning rate (default 3e-2)   --wd W  weight decay (default 0)\n"
         "  --warmup F        warmup fraction of the steps (default 0.05)\n"
-        "  --lambda-alpha X  score loss weight (default 0.1 mlp, 0 quad)\n"
-        "  --lambda-A X      target loss weight (default 1)\n"
-        "  --lambda-kl X     KL distillation weight (default 0)\n"
-        "  --loss PRESET     regression (default) | mixed (regression + 0.01 KL) | kl (pure KL)\n"
+        "  --loss PRESET     kl (default: pure KL) | regression | mixed (regression + 1 KL); the\n"
+        "                    regression terms are divided by their targets' variance\n"
+        "  --lambda-alpha X  score loss weight (presets: 0.1 mlp, 0 quad; kl 0)\n"
+        "  --lambda-A X      target loss weight (presets: 1; kl 0)\n"
+        "  --lambda-kl X     KL distillation weight (presets: kl and mixed 1, regression 0)\n"
         "  --kl-prompts N    training prompts per step for the KL term (default 2)\n"
-        "  --n-prompts N     self-study prompts to make (default 200)\n"
-        "  --prompt-len N    prompt length cap in tokens (default 48)\n"
+        "  --n-prompts N     self-study spans and continuations of the document (default 50)\n"
+        "  --tasks N         self-study task prompts (needs a tokenizer): the full-cache model writes\n"
+        "                    quote, continue and question tasks about the document and answers them;\n"
+        "                    at most N, from 8 N tries, a third of each kind (default 300)\n"
+        "  --prompt-len N    prompt length cap in tokens, answer included (default 80)\n"
         "  --prompts FILE    extra prompts, one per line (text, needs -z; \\n is a newline)\n"
         "  --prompt-ids FILE extra prompts, one per line (token ids)\n"
-        "  --answer-len N    tokens the full-cache model adds after each extra prompt (default 16)\n"
+        "  --answer-len N    answers (the full cache's greedy answer after a task or extra prompt,\n"
+        "                    and the held-out answer rollouts) end at a newline, or at the end of a\n"
+        "                    chat turn with --chat, or after N tokens (default 48)\n"
         "  --checkpoint P    write a checkpoint to P every --checkpoint-every steps (default steps/4)\n"
         "  --resume P        continue from checkpoint P (same data and options)\n"
         "  --stop-after N    stop after step N (with a checkpoint), as if interrupted\n"
@@ -85,7 +94,7 @@ static void usage(FILE *f) {
 /* the options that take a value, for the message when one comes last */
 static const char VALUE_OPTIONS[] = " -m -z -d -D -o --prompts --prompt-ids --checkpoint --resume --groups --arch --depths "
     "--rho --lr --wd --warmup --lambda-alpha --lambda-A --lambda-kl --kl-prompts --loss --steps --batch --n-prompts "
-    "--prompt-len --answer-len --checkpoint-every --stop-after -s ";
+    "--tasks --prompt-len --answer-len --checkpoint-every --stop-after -s ";
 
 /* The options with a word for a value: --arch, --depths, --loss. 1 if a is
  * one of them, -1 after a sentence when its value is not one they take. */
@@ -101,9 +110,9 @@ static int parse_word_option(const char *a, const char *v, Options *o) {
             return -1;
         }
     } else if (!strcmp(a, "--loss")) {
-        if (!strcmp(v, "regression")) o->loss_preset = 0;
-        else if (!strcmp(v, "mixed")) o->loss_preset = 1;
-        else if (!strcmp(v, "kl")) o->loss_preset = 2;
+        if (!strcmp(v, "regression")) o->loss_preset = LOSS_REGRESSION;
+        else if (!strcmp(v, "mixed")) o->loss_preset = LOSS_MIXED;
+        else if (!strcmp(v, "kl")) o->loss_preset = LOSS_KL;
         else { fprintf(stderr, "error: --loss must be regression, mixed or kl, not '%s'\n", v); return -1; }
     } else return 0;
     return 1;
@@ -126,26 +135,29 @@ static int parse_value_option(const char *a, const char *v, Options *o) {
                                         "--lambda-kl"};
     for (int k = 0; k < 7; k++)
         if (!strcmp(a, float_names[k])) return parse_float_option(a, v, floats[k]);
-    int *ints[] = {&o->kl_prompts, &o->steps, &o->batch, &o->n_prompts, &o->prompt_len, &o->answer_len,
-                   &o->checkpoint_every, &o->stop_after};
-    static const char *int_names[] = {"--kl-prompts", "--steps", "--batch", "--n-prompts", "--prompt-len",
-                                      "--answer-len", "--checkpoint-every", "--stop-after"};
-    for (int k = 0; k < 8; k++)
+    int *ints[] = {&o->kl_prompts, &o->steps, &o->batch, &o->n_prompts, &o->n_tasks, &o->prompt_len,
+                   &o->answer_len, &o->checkpoint_every, &o->stop_after};
+    static const char *int_names[] = {"--kl-prompts", "--steps", "--batch", "--n-prompts", "--tasks",
+                                      "--prompt-len", "--answer-len", "--checkpoint-every", "--stop-after"};
+    for (int k = 0; k < 9; k++)
         if (!strcmp(a, int_names[k])) return parse_int_option(a, v, ints[k]);
     if (!strcmp(a, "-s")) return parse_seed_option(a, v, &o->seed);
     fprintf(stderr, "error: unknown option '%s' (see --help)\n", a);
     return -1;
 }
 
-/* The loss presets: regression MLP (0.1, 1, 0), quadrature (0, 1, 0); mixed
- * adds 0.01 KL; pure KL (0, 0, 1). Explicit weights win (a weight not given
- * is NaN, which parsing never yields). Then the ranges: NULL or the sentence. */
+/* The loss presets (lambda_alpha, lambda_A, lambda_kl): regression MLP
+ * (0.1, 1, 0), quadrature (0, 1, 0); mixed adds 1 KL (the regression terms
+ * are normalised, of order 0.1-1, and KL is in nats per position); pure KL
+ * (0, 0, 1), the default: it reproduces the full cache's answers best.
+ * Explicit weights win (a weight not given is NaN, which parsing never
+ * yields). Then the ranges: NULL or the sentence. */
 static const char *finish_options(Options *o) {
     int preset = o->loss_preset;
-    float preset_alpha = preset == 2 ? 0.0f : o->arch == ARCH_MLP ? 0.1f : 0.0f;
+    float preset_alpha = preset == LOSS_KL ? 0.0f : o->arch == ARCH_MLP ? 0.1f : 0.0f;
     if (isnan(o->lambda_alpha)) o->lambda_alpha = preset_alpha;
-    if (isnan(o->lambda_A)) o->lambda_A = preset == 2 ? 0.0f : 1.0f;
-    if (isnan(o->lambda_kl)) o->lambda_kl = preset == 0 ? 0.0f : preset == 1 ? 0.01f : 1.0f;
+    if (isnan(o->lambda_A)) o->lambda_A = preset == LOSS_KL ? 0.0f : 1.0f;
+    if (isnan(o->lambda_kl)) o->lambda_kl = preset == LOSS_REGRESSION ? 0.0f : 1.0f;
     if (!o->model_path) return "a model is required (-m); see --help";
     if (!o->out_path) return "an output file is required (-o OUT.nectar)";
     if (!o->doc_text_path == !o->doc_ids_path) return "give the document as -d DOC.txt or -D DOC.ids (one of them)";
@@ -153,9 +165,9 @@ static const char *finish_options(Options *o) {
     if (!depths_valid(o->depth_backbone, o->depth_score, o->depth_target) ||
         o->depth_backbone + o->depth_score + o->depth_target < 1)
         return "--depths B,S,T must be >= 0 with 1 <= B+S+T <= 64";
-    if (o->steps < 0 || o->batch < 1 || o->n_prompts < 0 || o->prompt_len < 2 ||
+    if (o->steps < 0 || o->batch < 1 || o->n_prompts < 0 || o->n_tasks < 0 || o->prompt_len < 2 ||
         o->answer_len < 0 || o->stop_after < 0 || o->checkpoint_every < 0)
-        return "need --steps >= 0 (0: evaluate the initial modules), --batch >= 1, --n-prompts >= 0, "
+        return "need --steps >= 0 (0: evaluate the initial modules), --batch >= 1, --n-prompts >= 0, --tasks >= 0, "
                "--prompt-len >= 2, --answer-len >= 0, --stop-after >= 0 and --checkpoint-every >= 0";
     if (!(o->lr > 0) || o->weight_decay < 0 || o->warmup_fraction < 0 || o->warmup_fraction >= 1)
         return "need --lr > 0, --wd >= 0 and --warmup in [0, 1)";
@@ -192,10 +204,10 @@ static int check_outputs(const Options *o) {
 }
 
 static int parse_options(int argc, char **argv, Options *o) {
-    *o = (Options){.arch = ARCH_MLP, .rho = 0.1f, .lr = 1e-2f, .warmup_fraction = 0.05f,
-                   .lambda_alpha = NAN, .lambda_A = NAN, .lambda_kl = NAN, .kl_prompts = 2, .answer_len = 16,
-                   .steps = 6000, .batch = 64, .n_prompts = 200,
-                   .prompt_len = 48, .depth_backbone = 1, .depth_score = 1, .depth_target = 1, .groups = "",
+    *o = (Options){.arch = ARCH_MLP, .rho = 0.1f, .lr = 3e-2f, .warmup_fraction = 0.05f,
+                   .lambda_alpha = NAN, .lambda_A = NAN, .lambda_kl = NAN, .kl_prompts = 2, .answer_len = 48,
+                   .steps = 6000, .batch = 64, .n_prompts = 50, .n_tasks = 300,
+                   .prompt_len = 80, .depth_backbone = 1, .depth_score = 1, .depth_target = 1, .groups = "",
                    .seed = 1234};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -285,177 +297,12 @@ static void inputs_free(Inputs *in) {
     model_free(&in->model);
 }
 
-/* ------------------------------------------------------------------------ */
-/* Prompts                                                                  */
-
-typedef struct { int cap_prompts, cap_tokens; PromptSet set; } PromptBuilder;  /* a growing PromptSet */
-
-static void add_prompt(PromptBuilder *b, const int *tokens, int len) {
-    PromptSet *p = &b->set;
-    if (p->n_prompts + 1 >= b->cap_prompts) {
-        b->cap_prompts = 2 * b->cap_prompts + 16;
-        p->offsets = realloc(p->offsets, b->cap_prompts * sizeof(int));
-        p->challenge = realloc(p->challenge, b->cap_prompts);
-        if (!p->offsets || !p->challenge) { fprintf(stderr, "error: out of memory\n"); exit(1); }
-        if (p->n_prompts == 0) p->offsets[0] = 0;
-    }
-    int used = p->offsets[p->n_prompts];
-    if (used + len > b->cap_tokens) {
-        b->cap_tokens = 2 * (used + len) + 64;
-        p->tokens = realloc(p->tokens, b->cap_tokens * sizeof(int));
-        if (!p->tokens) { fprintf(stderr, "error: out of memory\n"); exit(1); }
-    }
-    memcpy(p->tokens + used, tokens, len * sizeof(int));
-    p->challenge[p->n_prompts] = 0;
-    p->offsets[++p->n_prompts] = used + len;
-}
-
-/* Samples `len` tokens that the full-cache model generates after `span`. */
-static void continue_span(const Model *m, const Document *doc, const int *span, int n_span, int len,
-                          Sampler *sampler, int *out) {
-    RunState s;
-    runstate_alloc(&s, m, doc, n_span, n_span + len);
-    forward(m, &s, doc, span, n_span, 0, LOGITS_LAST);
-    float *logits = s.logits + (size_t)(n_span - 1) * m->config.vocab_size;
-    for (int i = 0; i < len; i++) {
-        out[i] = sample(sampler, logits, m->config.vocab_size);
-        if (i + 1 < len) forward(m, &s, doc, &out[i], 1, n_span + i, LOGITS_LAST);
-        logits = s.logits;
-    }
-    runstate_free(&s);
-}
-
-/* Self-study prompts: half quote a document span, half continue one with the
- * model's own sampled tokens; then the user's prompts. */
-static void make_prompts(const Options *o, const Model *m, const Document *doc, const int *doc_ids,
-                         int n_doc, PromptBuilder *b) {
-    uint64_t rng = o->seed * 2654435761ULL + 17;
-    int cap = o->prompt_len < n_doc ? o->prompt_len : n_doc;
-    Sampler sampler;
-    sampler_init(&sampler, m->config.vocab_size, 0.8f, 0.95f, o->seed + 1);
-    int *buf = xmalloc((cap + 1) * sizeof(int));
-    double t0 = now_seconds();
-    for (int i = 0; i < o->n_prompts; i++) {
-        int len = cap / 2 + (int)(rng_u32(&rng) % (cap - cap / 2 + 1));  /* in [cap/2, cap] */
-        if (len < 2) len = 2 <= n_doc ? 2 : n_doc;
-        int start = 1 + (int)(rng_u32(&rng) % (uint32_t)(n_doc - len > 0 ? n_doc - len : 1));
-        if (start + len > n_doc) start = n_doc - len;
-        if (i % 2 == 0 || len < 4) {  /* quote: a span of the document */
-            add_prompt(b, doc_ids + start, len);
-        } else {                        /* continue: half a span, then the model's own tokens */
-            int half = len / 2;
-            memcpy(buf, doc_ids + start, half * sizeof(int));
-            continue_span(m, doc, buf, half, len - half, &sampler, buf + half);
-            add_prompt(b, buf, len);
-        }
-        if (i % 20 == 19 || i + 1 == o->n_prompts) print_progress("prompts", i + 1, o->n_prompts, t0);
-    }
-    if (o->n_prompts) fprintf(stderr, "\n");
-    sampler_free(&sampler);
-    free(buf);
-}
-
-/* The ids of a line of token ids into ids: their count, or -1 after a sentence. */
-static int parse_id_line(const char *line, const char *path, int line_no, int *ids) {
-    int n = 0;
-    for (const char *p = line;;) {
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (end != p && (errno == ERANGE || v < INT_MIN || v > INT_MAX)) end = (char *)p;  /* not an int */
-        if (end == p) {
-            while (*end == ' ' || *end == '\t' || *end == '\r') end++;
-            if (!*end) return n;
-            fprintf(stderr, "error: %s line %d: '%s' is not a token id\n", path, line_no, end);
-            return -1;
-        }
-        ids[n++] = (int)v;
-        p = end;
-    }
-}
-
-/* The ids of a line of text into ids (at most cap of them): a backslash-n
- * stands for a newline, two backslashes for one; the prompt follows the
- * document (framed as the end of a chat turn with chat). */
-static int encode_text_line(char *line, const Tokenizer *tok, int chat, int cap, int *ids) {
-    char *out = line;
-    for (char *in = line; *in; in++) {
-        if (in[0] == '\\' && (in[1] == 'n' || in[1] == '\\')) { *out++ = in[1] == 'n' ? '\n' : '\\'; in++; }
-        else *out++ = *in;
-    }
-    *out = 0;
-    int n, *encoded = encode_prompt(tok, line, chat, 1, INT_MAX, &n);
-    if (!encoded) return -1;
-    if (n > cap) n = cap;
-    memcpy(ids, encoded, n * sizeof(int));
-    free(encoded);
-    return n;
-}
-
-/* Reads user prompts, one per line: text (tok given) or token ids. Each is
- * followed by up to --answer-len tokens that the full-cache model samples
- * after it (its own answer), within the length cap. */
-static int read_user_prompts(const char *path, const Tokenizer *tok, const Options *o, const Inputs *in,
-                             Sampler *sampler, PromptBuilder *b) {
-    char *text = read_text_file(path);
-    if (!text) return -1;
-    int cap = o->prompt_len < in->n_doc ? o->prompt_len : in->n_doc;
-    size_t room = strlen(text) + 3 + (size_t)cap;
-    int *ids = xmalloc(room * sizeof(int)), line_no = 0, count = 0;
-    for (char *line = text, *next; line && *line; line = next) {
-        next = strchr(line, '\n');
-        if (next) *next++ = 0;
-        line_no++;
-        if (!*line) continue;
-        int n = tok ? encode_text_line(line, tok, o->chat, cap, ids) : parse_id_line(line, path, line_no, ids);
-        if (n < 0 || check_tokens(&in->model, ids, n, path) != 0) { free(ids); free(text); return -1; }
-        if (n == 0) continue;  /* a blank line */
-        if (n > cap) n = cap;
-        int answer = cap - n < o->answer_len ? cap - n : o->answer_len;
-        if (answer > 0) continue_span(&in->model, &in->doc, ids, n, answer, sampler, ids + n);
-        if (n + answer >= 2) { add_prompt(b, ids, n + answer); count++; }
-    }
-    free(ids);
-    free(text);
-    fprintf(stderr, "read %d prompts from %s, each followed by up to %d tokens of the model's own answer\n",
-            count, path, o->answer_len);
-    return 0;
-}
-
-/* Every prompt: self-study, then the user's (their answers sampled by the
- * full-cache model). */
-static int make_prompt_set(const Options *o, const Inputs *in, PromptBuilder *b) {
-    const Config *c = &in->model.config;
-    make_prompts(o, &in->model, &in->doc, in->doc_ids, in->n_doc, b);
-    Sampler answer_sampler;
-    sampler_init(&answer_sampler, c->vocab_size, 0.8f, 0.95f, o->seed + 2);
-    int rc = 0;
-    if (o->prompts_text_path)
-        rc = read_user_prompts(o->prompts_text_path, in->tokp, o, in, &answer_sampler, b);
-    if (rc == 0 && o->prompts_ids_path)
-        rc = read_user_prompts(o->prompts_ids_path, NULL, o, in, &answer_sampler, b);
-    sampler_free(&answer_sampler);
-    if (rc == 0 && b->set.n_prompts < 5) {
-        fprintf(stderr, "error: %d prompts are too few for a train/held-out split (need 5)\n", b->set.n_prompts);
-        rc = -1;
-    }
-    return rc;
-}
-
-/* A seeded 80/20 split: is_train (n) marks the training prompts. */
-static unsigned char *split_prompts(int n, unsigned long long seed) {
-    unsigned char *is_train = xmalloc(n);
-    int *order = xmalloc(n * sizeof(int));
-    uint64_t split_rng = seed * 0x9E3779B97F4A7C15ULL + 3;
-    for (int i = 0; i < n; i++) order[i] = i;
-    for (int i = n - 1; i > 0; i--) {  /* Fisher-Yates */
-        int j = rng_u32(&split_rng) % (i + 1), t = order[i];
-        order[i] = order[j]; order[j] = t;
-    }
-    int n_train = (int)(0.8 * n);
-    for (int i = 0; i < n; i++) is_train[order[i]] = i < n_train;
-    free(order);
-    return is_train;
+/* Self-study with train's options (selfstudy.c). */
+static int make_prompts(const Options *o, const Inputs *in, PromptSet *all) {
+    SelfStudyOptions so = {o->n_prompts, o->n_tasks, o->prompt_len, o->answer_len, o->chat, o->seed,
+                           o->prompts_text_path, o->prompts_ids_path};
+    SelfStudyInputs si = {&in->model, in->tokp, in->doc_ids, in->n_doc, &in->doc};
+    return make_prompt_set(&so, &si, all);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -558,17 +405,6 @@ static void mark_challenge(PromptSet *p, const unsigned char *is_train, const fl
     free(best);
 }
 
-/* The prompts with is_train[i] == keep, as a new set. */
-static PromptSet select_prompts(const PromptSet *p, const unsigned char *is_train, int keep) {
-    PromptBuilder b = {0};
-    for (int i = 0; i < p->n_prompts; i++)
-        if (is_train[i] == keep) {
-            add_prompt(&b, p->tokens + p->offsets[i], p->offsets[i + 1] - p->offsets[i]);
-            b.set.challenge[b.set.n_prompts - 1] = p->challenge[i];
-        }
-    return b.set;
-}
-
 /* MLP initialisation from the teacher's data: output biases at the training
  * means of alpha and A, input scale 1 / rms(q), per (layer, KV head). */
 static void mlp_init_from_teacher(ModuleSet *ms, const FitTargets *targets, const Config *c, uint64_t seed) {
@@ -595,6 +431,37 @@ static void mlp_init_from_teacher(ModuleSet *ms, const FitTargets *targets, cons
         }
     mlp_init(ms, seed, mean_a, mean_A);
     free(mean_a); free(mean_A); free(sA);
+}
+
+/* The regression terms' normalisers: what modules that predict their
+ * training means would score, summed over (layer, KV head) as the loss is:
+ * the variance of alpha, and sum_k Var(A_k), over each module's training
+ * queries. L_alpha and L_A divided by them are 1 for the mean predictor and
+ * 0 for a perfect fit whatever the model's scale, so that the KL term (nats
+ * per position) can be weighed against them. */
+static void regression_normalisers(const FitTargets *t, const Config *c, double *var_alpha, double *var_A) {
+    int L = c->n_layers, G = c->n_kv_heads, H = c->n_heads, D = c->dim, d = D / H, group = H / G;
+    double *sA = xmalloc(d * sizeof(double)), *sAA = xmalloc(d * sizeof(double)), count = (double)t->P * group;
+    *var_alpha = *var_A = 0;
+    for (int l = 0; l < L; l++)
+        for (int g = 0; g < G; g++) {
+            double sa = 0, saa = 0;
+            memset(sA, 0, d * sizeof(double));
+            memset(sAA, 0, d * sizeof(double));
+            for (long p = 0; p < t->P; p++)
+                for (int j = 0; j < group; j++) {
+                    double a = t->alpha[((size_t)l * t->P + p) * H + g * group + j];
+                    const float *A = t->A + ((size_t)l * t->P + p) * D + (size_t)(g * group + j) * d;
+                    sa += a; saa += a * a;
+                    for (int k = 0; k < d; k++) { sA[k] += A[k]; sAA[k] += (double)A[k] * A[k]; }
+                }
+            /* Var(x) = E[x^2] - E[x]^2 */
+            *var_alpha += saa / count - (sa / count) * (sa / count);
+            for (int k = 0; k < d; k++) *var_A += sAA[k] / count - (sA[k] / count) * (sA[k] / count);
+        }
+    if (!(*var_alpha > 0)) *var_alpha = 1;  /* constant targets: nothing to normalise */
+    if (!(*var_A > 0)) *var_A = 1;
+    free(sA); free(sAA);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -760,6 +627,7 @@ typedef struct {
     ModuleSet *ms;
     const TeacherData *td;
     const PromptSet *prompts;
+    float weight_alpha, weight_A;  /* lambda_alpha / Var(alpha), lambda_A / sum_k Var(A_k) */
     Adam adam;
     float *dlogits;         /* (max_len, V) the KL term's gradient, or NULL without one */
     ModuleWork work;        /* the CPU's: a module's batch of queries */
@@ -797,12 +665,11 @@ static void cpu_start(Fit *f) {
 }
 
 static double cpu_regression(Fit *f, const long *pos) {
-    const Options *o = f->o;
     memset(f->ms->grads, 0, f->ms->n_params * sizeof(float));
-    if (o->lambda_alpha + o->lambda_A == 0) return 0;
+    if (f->weight_alpha + f->weight_A == 0) return 0;
     memcpy(f->batch.pos, pos, f->batch.B * sizeof(long));
-    return regression_grads(f->ms, &f->work, &f->batch, &f->td->fit, f->model->config.n_heads, o->lambda_alpha,
-                            o->lambda_A);
+    return regression_grads(f->ms, &f->work, &f->batch, &f->td->fit, f->model->config.n_heads, f->weight_alpha,
+                            f->weight_A);
 }
 
 static double cpu_kl(Fit *f, const int *tokens, int len, const float *teacher_logits, float weight) {
@@ -854,12 +721,11 @@ static void gpu_start(Fit *f) {
 
 static double gpu_regression(Fit *f, const long *pos) {
     GpuFit *g = &f->gpu;
-    const Options *o = f->o;
     CUDA_CHECK(cudaMemset(g->ms.grads, 0, g->ms.n_params * sizeof(float)));
-    if (o->lambda_alpha + o->lambda_A == 0) return 0;
+    if (f->weight_alpha + f->weight_A == 0) return 0;
     memcpy(g->batch.pos, pos, g->batch.B * sizeof(long));
     return regression_grads_cuda(&g->ms, &g->work, &g->batch, &g->targets, f->model->config.n_heads,
-                                 o->lambda_alpha, o->lambda_A);
+                                 f->weight_alpha, f->weight_A);
 }
 
 static double gpu_kl(Fit *f, const int *tokens, int len, const float *teacher_logits, float weight) {
@@ -932,7 +798,7 @@ static void kl_terms(Fit *f, const FitBackend *be, uint64_t *rng, double *loss) 
     }
 }
 
-/* L = lambda_alpha L_alpha + lambda_A L_A over the batch positions +
+/* L = lambda_alpha L_alpha / var_alpha + lambda_A L_A / var_A over the batch positions +
  * lambda_kl mean KL(teacher || Nectar) over kl_prompts prompts, minimised
  * from the Adam step the fit starts at up to last_step. The batches depend
  * only on (seed, step), so resuming draws the same ones. 0, or -1 after a
@@ -977,7 +843,7 @@ static int fit_modules(Fit *f, const FitBackend *be, uint64_t run_hash, int last
 static uint64_t run_fingerprint(const Options *o, const Inputs *in, const PromptSet *all) {
     uint64_t h = fnv1a(FNV_OFFSET, &o->arch, sizeof o->arch);
     float floats[] = {o->rho, o->lr, o->weight_decay, o->warmup_fraction, o->lambda_alpha, o->lambda_A, o->lambda_kl};
-    int ints[] = {o->steps, o->batch, o->kl_prompts, o->n_prompts, o->prompt_len, o->answer_len,
+    int ints[] = {o->steps, o->batch, o->kl_prompts, o->n_prompts, o->n_tasks, o->prompt_len, o->answer_len,
                   o->depth_backbone, o->depth_score, o->depth_target};
     h = fnv1a(h, floats, sizeof floats);
     h = fnv1a(h, ints, sizeof ints);
@@ -1048,9 +914,8 @@ int main(int argc, char **argv) {
     const Config *c = &in.model.config;
 
     /* 2. prompts and the split */
-    PromptBuilder builder = {0};
-    if (make_prompt_set(&o, &in, &builder) != 0) return 1;
-    PromptSet *all = &builder.set;
+    PromptSet prompt_set, *all = &prompt_set;
+    if (make_prompts(&o, &in, all) != 0) return 1;
     unsigned char *is_train = split_prompts(all->n_prompts, o.seed);
 
     /* 3. teacher pass, challenge split */
@@ -1069,6 +934,10 @@ int main(int argc, char **argv) {
     /* 5. fitting, from a checkpoint with --resume */
     Fit fit = {.o = &o, .model = &in.model, .ms = &ms, .td = &td, .prompts = all,
                .adam = {xmalloc(ms.n_params * sizeof(float)), xmalloc(ms.n_params * sizeof(float)), 0}};
+    double var_alpha, var_A;
+    regression_normalisers(&td.fit, c, &var_alpha, &var_A);
+    fit.weight_alpha = (float)(o.lambda_alpha / var_alpha);
+    fit.weight_A = (float)(o.lambda_A / var_A);
     if (o.lambda_kl > 0) fit.dlogits = xmalloc((size_t)promptset_max_len(all) * c->vocab_size * sizeof(float));
     uint64_t run_hash = run_fingerprint(&o, &in, all);
     if (o.resume_path && resume(&o, &fit, run_hash) != 0) return 1;

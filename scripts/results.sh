@@ -1,50 +1,82 @@
 #!/usr/bin/env bash
-# The README's results tables, from one command: fits Nectar modules to the
-# default document for the default model (data/) and prints markdown.
-#   scripts/results.sh capacity   MLP and quadrature at rho 2%, 5%, 10%
-#   scripts/results.sh losses     regression, mixed and pure KL at rho 2%, 10%
+# The README's results tables, from one command: fits Nectar modules to a
+# document for the default model (data/), on self-study prompts alone (the
+# defaults), and prints markdown.
+#   scripts/results.sh capacity   MLP and quadrature at rho 2%, 5%, 10% (data/doc.txt)
+#   scripts/results.sh losses     regression, mixed and pure KL at rho 2%, 10% (data/doc.txt)
+#   scripts/results.sh documents  the defaults on data/doc.txt and held-out documents 1 and 2
 set -eu
 cd "$(dirname "$0")/.."
 what=${1:-capacity}
-make -s train
+make -s train infer pretrain
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # value of "key" inside the "split" object of a one-line JSON file
 json() { sed -E "s/.*\"$2\": \{([^}]*)\}.*/\1/; s/.*\"$3\": ([-0-9.e+]+).*/\1/" "$1"; }
-fit() {  # fit NAME ARGS...: train with the default data, JSON into $tmp/NAME.json
-    local name=$1; shift
+fit() {  # fit NAME DOC.txt ARGS...: train with the defaults, JSON into $tmp/NAME.json
+    local name=$1 doc=$2; shift 2
     echo "fitting $name ..." >&2
-    ./train -m data/model.bin -z data/tokenizer.bin -d data/doc.txt --prompts data/prompts.txt \
-        -o "$tmp/$name.nectar" --json "$@" > "$tmp/$name.json" 2> "$tmp/$name.log" || { cat "$tmp/$name.log" >&2; exit 1; }
+    ./train -m data/model.bin -z data/tokenizer.bin -d "$doc" -o "$tmp/$name.nectar" --json "$@" \
+        > "$tmp/$name.json" 2> "$tmp/$name.log" || { cat "$tmp/$name.log" >&2; exit 1; }
+}
+# greedy answer (token ids, to the first newline, id 13) of infer ARGS... to the prompt $prompt
+answer() { ./infer -m data/model.bin -z data/tokenizer.bin -i "$prompt" -n 48 -t 0 --ids "$@" 2> /dev/null |
+           awk '{ for (i = 1; i <= NF; i++) { printf "%s ", $i; if ($i == 13) break } }'; }
+user_tasks() {  # user_tasks DIR NAME: of DIR/prompts.txt (never given to train), Nectar answers equal to exact
+    local same=0 all=0 line
+    while IFS= read -r line; do
+        prompt=$(printf '%b' "$line")
+        [ "$(answer -d "$1/doc.txt")" = "$(answer -k "$tmp/$2.nectar")" ] && same=$((same + 1))
+        all=$((all + 1))
+    done < "$1/prompts.txt"
+    echo "$same / $all"
 }
 row() {  # row LABEL NAME SPLIT
     local f="$tmp/$2.json" s=$3
-    printf '| %s | %s | %s | %.4f | %.4f | %.2f | %.3f / %.3f | %.3f / %.3f | %.3g | %.3g | %.3g |\n' \
+    printf '| %s | %s | %s | %.4f | %.4f | %.2f | %.3f / %.3f | %.3f / %.3f | %.3f / %.3f (%s) | %.3f | %.3g | %.3g | %.3g |\n' \
         "$1" "$s" "$(sed -E 's/.*"params": ([0-9]+).*/\1/' "$f")" \
         "$(json "$f" $s acc_full)" "$(json "$f" $s acc_nectar)" "$(json "$f" $s gap_pp)" \
         "$(json "$f" $s agree)" "$(json "$f" $s agree_nodoc)" "$(json "$f" $s kl)" "$(json "$f" $s kl_nodoc)" \
-        "$(json "$f" $s score_mse)" "$(json "$f" $s target_mse)" "$(json "$f" $s rte)"
+        "$(json "$f" $s answer_match)" "$(json "$f" $s answer_match_nodoc)" "$(json "$f" $s n_answers)" \
+        "$(json "$f" $s answer_prefix)" "$(json "$f" $s score_mse)" "$(json "$f" $s target_mse)" "$(json "$f" $s rte)"
 }
 header() {
-    echo "| $1 | split | params | acc full | acc Nectar | gap (pp) | agree Nectar / no doc | KL Nectar / no doc | score MSE | target MSE | RTE |"
-    echo "|---|---|---|---|---|---|---|---|---|---|---|"
+    echo "| $1 | split | params | acc full | acc Nectar | gap (pp) | agree Nectar / no doc | KL Nectar / no doc |" \
+         "answer match Nectar / no doc (tasks) | answer prefix | score MSE | target MSE | RTE |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+}
+heldout() {  # heldout NAME: the held-out counts of a fit
+    local f="$tmp/$1.json"
+    echo "random split $(json "$f" random n_prompts) prompts ($(json "$f" random n_answers) tasks)," \
+         "$(json "$f" random n_positions) positions; challenge split $(json "$f" challenge n_prompts) prompts" \
+         "($(json "$f" challenge n_answers) tasks), $(json "$f" challenge n_positions) positions"
 }
 case $what in
 capacity)
-    for arch in mlp quad; do for rho in 0.02 0.05 0.1; do fit "$arch-$rho" --arch $arch --rho $rho; done; done
+    for arch in mlp quad; do for rho in 0.02 0.05 0.1; do fit "$arch-$rho" data/doc.txt --arch $arch --rho $rho; done; done
     header "module, rho"
     for split in random challenge; do
         for arch in mlp quad; do for rho in 0.02 0.05 0.1; do row "$arch $rho" "$arch-$rho" $split; done; done
-    done ;;
+    done
+    echo; echo "Held-out: $(heldout mlp-0.1)." ;;
 losses)
-    for loss in regression mixed kl; do for rho in 0.02 0.1; do fit "$loss-$rho" --arch mlp --rho $rho --loss $loss; done; done
+    for loss in regression mixed kl; do for rho in 0.02 0.1; do fit "$loss-$rho" data/doc.txt --arch mlp --rho $rho --loss $loss; done; done
     header "MLP loss, rho"
     for split in random challenge; do
         for loss in regression mixed kl; do for rho in 0.02 0.1; do row "$loss $rho" "$loss-$rho" $split; done; done
+    done
+    echo; echo "Held-out: $(heldout kl-0.1)." ;;
+documents)
+    mkdir -p "$tmp/doc0"
+    cp data/doc.txt data/prompts.txt "$tmp/doc0/"
+    for i in 1 2; do ./pretrain --write-doc "$tmp/doc$i" --doc-index $i 2> /dev/null; done
+    for i in 0 1 2; do fit "doc$i" "$tmp/doc$i/doc.txt"; done
+    header "document"
+    for i in 0 1 2; do for split in random challenge; do row "$i" "doc$i" $split; done; done
+    echo
+    for i in 0 1 2; do
+        echo "- document $i: \"$(cat "$tmp/doc$i/doc.txt")\"; held-out $(heldout "doc$i"); its prompts.txt" \
+             "tasks (never given to train): Nectar's answer equals the full cache's on $(user_tasks "$tmp/doc$i" "doc$i")."
     done ;;
-*) echo "usage: scripts/results.sh capacity|losses" >&2; exit 1 ;;
+*) echo "usage: scripts/results.sh capacity|losses|documents" >&2; exit 1 ;;
 esac
-n=$(sed -E 's/.*"random": \{"n_prompts": ([0-9]+), "n_positions": ([0-9]+).*/\1 prompts, \2 positions/' "$tmp"/*-0.1.json | head -n 1)
-c=$(sed -E 's/.*"challenge": \{"n_prompts": ([0-9]+), "n_positions": ([0-9]+).*/\1 prompts, \2 positions/' "$tmp"/*-0.1.json | head -n 1)
-echo
-echo "Held-out: random split $n; challenge split $c."

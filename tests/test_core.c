@@ -1037,7 +1037,7 @@ static void test_evaluate_metrics_match_definitions(void) {
             *at = argmax(sf.logits + (size_t)(t - 1) * V, V);
         }
     }
-    PromptSet prompts = {NPROMPTS, offsets, tokens, challenge};
+    PromptSet prompts = {.n_prompts = NPROMPTS, .offsets = offsets, .tokens = tokens, .challenge = challenge};
     ModuleSet ms;
     int p[3] = {NDOC, NDOC, NDOC};
     moduleset_alloc(&ms, ARCH_QUAD, L, G, d, 0, 0, 0, p, 0);
@@ -1118,6 +1118,190 @@ static void test_evaluate_metrics_match_definitions(void) {
     model_free(&m);
 }
 
+/* answer_prefix_fraction on hand-built answers: the tokens of ref that got
+ * reproduces before the first difference, over ref's length. */
+static void test_answer_prefix_matches_definition(void) {
+    printf("answer prefix: hand-built cases\n");
+    const int ref[4] = {5, 6, 7, 8}, diverge[3] = {5, 6, 9}, same[4] = {5, 6, 7, 8}, longer[5] = {5, 6, 7, 8, 9};
+    const int first[1] = {9};
+    struct { const char *what; const int *got; int n_got; double want; } cases[] = {
+        {"2 of 4 before the divergence: 0.5", diverge, 3, 0.5},
+        {"the same answer: 1", same, 4, 1.0},
+        {"ref then more: all of ref reproduced, 1", longer, 5, 1.0},
+        {"a first token that differs: 0", first, 1, 0.0},
+        {"an empty answer: 0", first, 0, 0.0},
+        {"stopped after 3 of ref's 4: 0.75", same, 3, 0.75},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        check(cases[i].what, answer_prefix_fraction(ref, 4, cases[i].got, cases[i].n_got) == cases[i].want);
+    check("an empty ref counts as reproduced: 1", answer_prefix_fraction(ref, 0, first, 1) == 1.0);
+}
+
+/* The greedy answer by its definition: every token is the argmax of a
+ * forward of the whole question + answer so far, from position 0 (no
+ * decoding cache), until a stop token (kept) or cap tokens. */
+static int naive_answer(const Model *m, const Document *doc, const int *question, int nq, const int stop[2], int cap,
+                        int *answer) {
+    int V = m->config.vocab_size, n = 0, *seq = xmalloc((nq + cap) * sizeof(int));  /* (nq + cap) */
+    memcpy(seq, question, nq * sizeof(int));
+    RunState s;
+    runstate_alloc(&s, m, doc, nq + cap, nq + cap);
+    while (n < cap) {
+        forward(m, &s, doc, seq, nq + n, 0, LOGITS_LAST);
+        int next = argmax(s.logits + (size_t)(nq + n - 1) * V, V);
+        seq[nq + n] = answer[n] = next;
+        n++;
+        if (next == stop[0] || next == stop[1]) break;
+    }
+    runstate_free(&s);
+    free(seq);
+    return n;
+}
+
+/* The metrics recomputed from naive_answer for one split. */
+typedef struct { double match, match_nodoc, prefix; int n, stopped, same_answers; } AnswerCount;
+
+static AnswerCount count_answers(const Model *m, const Document runs[3], const PromptSet *p, int split,
+                                 const EvalResult *r) {
+    enum { CAP = 10 };
+    AnswerCount a = {0, 0, 0, 0, 0, 1};
+    int nodoc_input[64];  /* the prefix, then the question */
+    for (int i = 0; i < p->n_prompts; i++) {
+        if (p->question_len[i] == 0 || (split && !p->challenge[i])) continue;
+        const int *q = p->tokens + p->offsets[i];
+        int want[3][CAP], len[3], nq = p->question_len[i], K = p->n_nodoc_prefix;
+        memcpy(nodoc_input, p->nodoc_prefix, K * sizeof(int));
+        memcpy(nodoc_input + K, q, nq * sizeof(int));
+        len[0] = naive_answer(m, &runs[0], q, nq, p->answer_stop, CAP, want[0]);
+        len[1] = naive_answer(m, &runs[1], q, nq, p->answer_stop, CAP, want[1]);
+        len[2] = naive_answer(m, &runs[2], nodoc_input, K + nq, p->answer_stop, CAP, want[2]);
+        a.stopped += len[0] < CAP;
+        a.match += len[1] == len[0] && !memcmp(want[1], want[0], len[0] * sizeof(int));
+        a.match_nodoc += len[2] == len[0] && !memcmp(want[2], want[0], len[0] * sizeof(int));
+        int k = 0;  /* the first divergence, counted here by hand */
+        while (k < len[0] && k < len[1] && want[0][k] == want[1][k]) k++;
+        a.prefix += (double)k / len[0];
+        for (int run = 0; run < 3 && a.n < r->n_answers; run++)
+            a.same_answers &= r->answer_len[a.n * 3 + run] == len[run] &&
+                !memcmp(r->answer_tokens + ((size_t)a.n * 3 + run) * r->answer_cap, want[run], len[run] * sizeof(int));
+        a.same_answers &= a.n < r->n_answers && r->answer_prompt[a.n] == i;
+        a.n++;
+    }
+    return a;
+}
+
+/* The checks of one split's answer metrics against count_answers. */
+static void check_answer_split(const EvalResult *r, const AnswerCount *a, int split, int n_doc, int expect_oracle) {
+    printf("    %d task prompts (%d stop before the cap): match %.3f, no document %.3f, prefix %.3f\n", a->n,
+           a->stopped, a->match / a->n, a->match_nodoc / a->n, a->prefix / a->n);
+    check("n_answers: the prompts with a question part", r->n_answers == a->n);
+    check("the answers are the greedy answers by definition", a->same_answers);
+    check("answer_match = share of Nectar answers equal to the full cache's", r->answer_match == a->match / a->n);
+    check("answer_match_nodoc, the same without the document", r->answer_match_nodoc == a->match_nodoc / a->n);
+    check_close("answer_prefix = mean reproduced share before divergence", (float[]){(float)r->answer_prefix},
+                (double[]){a->prefix / a->n}, 1, 0, 1e-6);
+    if (expect_oracle)
+        check("oracle modules: every answer is the full cache's", r->answer_match == 1 && r->answer_prefix == 1);
+    else if (!split)
+        check("modules with an error: some answers equal, some differ", r->answer_match > 0 && r->answer_match < 1);
+    if (split) return;
+    if (n_doc == 1)
+        check("BOS alone as the document: no-document answers all equal", r->answer_match_nodoc == 1);
+    else
+        check("the document matters (some no-document answer differs)", r->answer_match_nodoc < 1);
+    check("the stop token ends some answers", a->stopped > 0 && a->stopped < a->n);
+}
+
+/* A document (random tokens, or BOS alone: then the no-document model, whose
+ * prefix is BOS, sees the same sequence as the full cache), quadrature
+ * modules W = K, Z = V + u (u = 0: the oracle, which returns the exact
+ * document state) and task prompts whose questions are their first tokens;
+ * the answer metrics of evaluate() against the ones recomputed from
+ * naive_answer. */
+static void test_answer_metrics_match_definitions(const char *name, int n_doc, float error_std, int expect_oracle) {
+    printf("answer metrics of evaluate(), %s\n", name);
+    Model m;
+    model_init_random(&m, small_gqa, 1, 42, 0.15f);
+    const Config *c = &m.config;
+    int L = c->n_layers, G = c->n_kv_heads, d = c->dim / c->n_heads, V = c->vocab_size;
+    enum { NPROMPTS = 6, LEN = 8, CAP = 10, MAX_DOC = 30 };
+    int doc_ids[MAX_DOC], offsets[NPROMPTS + 1], tokens[NPROMPTS * LEN], question_len[NPROMPTS], bos[1] = {1};
+    unsigned char challenge[NPROMPTS] = {0, 1, 0, 1, 0, 0};
+    uint64_t rng = 77;
+    for (int i = 0; i < n_doc; i++) doc_ids[i] = n_doc == 1 ? 1 : 3 + rng_u32(&rng) % (V - 3);
+    for (int i = 0; i < NPROMPTS * LEN; i++) tokens[i] = 3 + rng_u32(&rng) % (V - 3);
+    for (int i = 0; i <= NPROMPTS; i++) offsets[i] = i * LEN;
+    for (int i = 0; i < NPROMPTS; i++) question_len[i] = i == 2 ? 0 : 2 + i % 5;  /* prompt 2: a span, no answer */
+    DocCache cache;
+    doccache_build(&cache, &m, doc_ids, n_doc, 8);
+    Document full = {DOC_EXACT, n_doc, &cache, NULL};
+    /* the stop: the third token of the full cache's answer to prompt 0, so that some answers stop early */
+    int answer[CAP];
+    naive_answer(&m, &full, tokens, question_len[0], (int[2]){-1, -1}, CAP, answer);
+    PromptSet prompts = {.n_prompts = NPROMPTS, .offsets = offsets, .tokens = tokens, .challenge = challenge,
+                         .question_len = question_len, .answer_cap = CAP, .answer_stop = {answer[2], 1},
+                         .n_nodoc_prefix = 1, .nodoc_prefix = bos};
+    ModuleSet ms;
+    int p[3] = {n_doc, n_doc, n_doc};
+    moduleset_alloc(&ms, ARCH_QUAD, L, G, d, 0, 0, 0, p, 0);
+    quad_init_from_cache(&ms, &cache);
+    ms.n_doc = n_doc;
+    for (int i = 0; i < L * G; i++)
+        for (int k = 0; k < d; k++) {
+            float u = error_std * rng_normal(&rng);  /* one offset per (layer, KV head) and dimension */
+            for (int j = 0; j < n_doc; j++) ms.modules[i].params[(size_t)(n_doc + j) * d + k] += u;
+        }
+    Document runs[3] = {full, {DOC_NECTAR, n_doc, NULL, &ms}, NO_DOCUMENT};
+    for (int split = 0; split < 2; split++) {
+        EvalResult r;
+        check(split ? "evaluate runs (challenge split)" : "evaluate runs (random split)",
+              evaluate(&m, &cache, &ms, &prompts, split, &r) == 0);
+        AnswerCount a = count_answers(&m, runs, &prompts, split, &r);
+        check_answer_split(&r, &a, split, n_doc, expect_oracle);
+        evalresult_free(&r);
+    }
+    moduleset_free(&ms);
+    doccache_free(&cache);
+    model_free(&m);
+}
+
+/* The held-out prompts' question lengths, answer stops and cap and the
+ * no-document prefix survive the module file; a question longer than its
+ * prompt is refused. */
+static void test_module_file_keeps_answer_parts(void) {
+    printf("module file: question lengths, answer stops and cap, no-document prefix\n");
+    int sizes[2] = {5, 7}, offsets[4] = {0, 4, 9, 12}, tokens[12] = {3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14};
+    int question_len[3] = {2, 0, 3}, prefix[2] = {1, 17};
+    unsigned char challenge[3] = {0, 1, 1};
+    ModuleSet s, back;
+    moduleset_alloc(&s, ARCH_MLP, 2, 3, 8, 1, 1, 1, sizes, 0);
+    mlp_init(&s, 3, NULL, NULL);
+    s.n_doc = 100;
+    s.heldout = (PromptSet){.n_prompts = 3, .offsets = offsets, .tokens = tokens, .challenge = challenge,
+                            .question_len = question_len, .answer_cap = 21, .answer_stop = {13, 2},
+                            .n_nodoc_prefix = 2, .nodoc_prefix = prefix};
+    const char *path = "tests/tmp_answers.nectar";
+    int ok = moduleset_save(&s, path) == 0 && moduleset_load(&back, path, 0, 0) == 0;
+    const PromptSet *h = &back.heldout;
+    ok = ok && h->n_prompts == 3 && h->answer_stop[0] == 13 && h->answer_stop[1] == 2 && h->answer_cap == 21 &&
+         h->n_nodoc_prefix == 2 && !memcmp(h->nodoc_prefix, prefix, sizeof prefix) &&
+         !memcmp(h->question_len, question_len, sizeof question_len) && !memcmp(h->tokens, tokens, sizeof tokens);
+    if (ok) moduleset_free(&back);
+    check("question lengths, stops, cap and prefix round trip", ok);
+    /* a question of 5 tokens in a prompt of 4: the first question length, before the prefix at the end */
+    size_t size;
+    unsigned char *bytes = read_file(path, &size);
+    memcpy(bytes + size - sizeof prefix - sizeof question_len, &(int32_t){5}, sizeof(int32_t));
+    const void *part = bytes;
+    write_file_atomic(path, &part, &size, 1);
+    fprintf(stderr, "    (one refusal expected below)\n");
+    check("a question longer than its prompt is refused", moduleset_load(&back, path, 0, 0) != 0);
+    free(bytes);
+    remove(path);
+    s.heldout = (PromptSet){0};  /* the arrays above are not the set's to free */
+    moduleset_free(&s);
+}
+
 int main(void) {
     test_exp_fast_matches_exp();
     test_merge_splits_attention_exactly();
@@ -1142,6 +1326,11 @@ int main(void) {
     test_regression_loss_matches_definition(ARCH_QUAD);
     test_clip_and_adamw_match_closed_forms();
     test_evaluate_metrics_match_definitions();
+    test_answer_prefix_matches_definition();
+    test_answer_metrics_match_definitions("oracle modules (u = 0)", 30, 0.0f, 1);
+    test_answer_metrics_match_definitions("modules with an error (Z = V + u)", 30, 0.02f, 0);
+    test_answer_metrics_match_definitions("a document of BOS alone, oracle modules", 1, 0.0f, 1);
+    test_module_file_keeps_answer_parts();
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;
 }

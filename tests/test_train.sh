@@ -23,7 +23,8 @@ echo "train and infer end to end ($bin)"
 awk 'BEGIN { srand(3); for (i = 0; i < 200; i++) printf "%d ", 3 + int(rand() * 290) }' > "$tmp/doc.ids"
 awk 'BEGIN { srand(4); for (i = 0; i < 200; i++) printf "%d ", 3 + int(rand() * 290) }' > "$tmp/doc2.ids"
 echo "5 6 7" > "$tmp/prompt.ids"
-train() { "$bin/train" -m "$tmp/model.bin" -D "$tmp/doc.ids" --n-prompts 80 --prompt-len 32 "$@"; }
+# the fits below are by regression (fast) unless a test asks for another loss
+train() { "$bin/train" -m "$tmp/model.bin" -D "$tmp/doc.ids" --n-prompts 80 --prompt-len 32 --loss regression "$@"; }
 
 # greedy decoding through the program equals the reference (and llama2.c)
 for name in ref_gqa ref_mha_unshared; do
@@ -65,7 +66,7 @@ cmp -s "$tmp/fit.nectar" "$tmp/resumed.nectar" && ok "resume equals the uninterr
 ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 train -o "$tmp/x.nectar" --steps 400 --resume "$tmp/ck" --checkpoint "$tmp/ck2" \
     --stop-after 100 > /dev/null 2> "$tmp/log"
 [ $? -eq 1 ] && grep -q "^error: .*not after the checkpoint's step 150" "$tmp/log" && ok "--stop-after before the checkpoint's step is refused" || fail "--stop-after before the checkpoint"
-ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 "$bin/train" -m "$tmp/model.bin" -D "$tmp/doc.ids" -o "$tmp/x.nectar" --steps 500 --resume "$tmp/ck" > /dev/null 2> "$tmp/log"
+ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 "$bin/train" -m "$tmp/model.bin" -D "$tmp/doc.ids" -o "$tmp/x.nectar" --prompt-len 32 --steps 500 --resume "$tmp/ck" > /dev/null 2> "$tmp/log"
 [ $? -eq 1 ] && grep -q "^error: .*other data or options" "$tmp/log" && ok "a checkpoint of other options is refused" || fail "checkpoint mismatch refused"
 
 # quadrature with rho = 1 (p = n, W = K, Z = V) at initialisation is exact
@@ -102,6 +103,42 @@ pairs=$(awk '$1 == "0" && NF == 6 { print $3 }' "$tmp/q53.txt")
 [ "$(json "$tmp/eval.json" random kl)" = "$(json "$tmp/fit.json" random kl)" ] && ok "infer --eval reproduces train's held-out KL" || fail "infer --eval"
 "$bin/infer" -m "$tmp/model.bin" -k "$tmp/fit.nectar" -I "$tmp/prompt.ids" -n 8 -t 0 --ids > "$tmp/nectar.ids" 2> /dev/null
 sed -n 4p "$tmp/cmp" | cmp -s - "$tmp/nectar.ids" && ok "-k alone (no document at all) generates what --compare's Nectar did" || fail "-k alone"
+
+# answers: the --prompt-ids lines are questions; their held-out ones get greedy rollouts (no tokenizer, so no
+# newline stop: each answer runs to --answer-len tokens) in train's JSON and table, infer --eval and --answers
+awk 'BEGIN { srand(5); for (i = 0; i < 30; i++) { for (j = 0; j < 4; j++) printf "%d ", 3 + int(rand() * 290); print "" } }' \
+    > "$tmp/questions.ids"
+train -o "$tmp/answers.nectar" --steps 200 --prompt-ids "$tmp/questions.ids" --answer-len 6 --json > "$tmp/answers.json" 2> "$tmp/log" || cat "$tmp/log"
+n=$(json "$tmp/answers.json" random n_answers) match=$(json "$tmp/answers.json" random answer_match)
+nodoc=$(json "$tmp/answers.json" random answer_match_nodoc) prefix=$(json "$tmp/answers.json" random answer_prefix)
+echo "    held-out answers: $n task prompts, answer match $match (no document $nodoc), prefix reproduced $prefix"
+is "$n > 0 && $match >= 0 && $match <= 1 && $nodoc >= 0 && $nodoc <= 1 && $prefix >= $match && $prefix <= 1" \
+    && ok "train --json: answer_match, answer_match_nodoc, answer_prefix" || fail "train --json answer metrics: '$n' '$match' '$nodoc' '$prefix'"
+[ "$(json "$tmp/answers.json" challenge n_answers)" -le "$n" ] && ok "train --json: answer metrics of the challenge split" || fail "challenge answers"
+train -o "$tmp/answers.nectar" --steps 200 --prompt-ids "$tmp/questions.ids" --answer-len 6 > "$tmp/answers.txt" 2> /dev/null
+[ "$(grep -c "equal to the full cache's" "$tmp/answers.txt")" -eq 2 ] && grep -q "answers to the $n task prompts" "$tmp/answers.txt" \
+    && ok "train's tables: the answer match of both splits" || fail "train's tables: answer match"
+"$bin/infer" -m "$tmp/model.bin" -D "$tmp/doc.ids" -k "$tmp/answers.nectar" --eval --json > "$tmp/eval.json" 2> /dev/null
+[ "$(json "$tmp/eval.json" random answer_match)" = "$match" ] && [ "$(json "$tmp/eval.json" random answer_prefix)" = "$prefix" ] \
+    && ok "infer --eval reproduces train's answer metrics" || fail "infer --eval answer metrics"
+"$bin/infer" -m "$tmp/model.bin" -D "$tmp/doc.ids" -k "$tmp/answers.nectar" --eval --answers > "$tmp/answers.list" 2> /dev/null
+[ "$(grep -c '^\[' "$tmp/answers.list")" -eq "$n" ] && [ "$(grep -c '^    Nectar: ' "$tmp/answers.list")" -eq "$n" ] \
+    && grep -q "^random split: Nectar's answer equals the full cache's on" "$tmp/answers.list" \
+    && ok "infer --eval --answers: each held-out task prompt, then the match" || fail "infer --eval --answers"
+# self-study tasks: the default model writes its own tasks about its document and answers them to the newline
+if [ -f data/model.bin ]; then
+    "$bin/pretrain" --write-doc "$tmp/doc0" 2> /dev/null && cmp -s "$tmp/doc0/doc.txt" data/doc.txt && \
+        cmp -s "$tmp/doc0/prompts.txt" data/prompts.txt && ok "pretrain --write-doc, index 0: data/doc.txt and prompts.txt" \
+        || fail "pretrain --write-doc, index 0"
+    "$bin/pretrain" --write-doc "$tmp/doc7" --doc-index 7 2> /dev/null && ! cmp -s "$tmp/doc7/doc.txt" data/doc.txt \
+        && ok "pretrain --write-doc --doc-index 7: another document" || fail "pretrain --write-doc --doc-index 7"
+    "$bin/train" -m data/model.bin -z data/tokenizer.bin -d data/doc.txt --n-prompts 10 --tasks 12 --steps 0 \
+        -o "$tmp/tasks.nectar" --json > "$tmp/tasks.json" 2> "$tmp/log"
+    kept=$(tr '\r' '\n' < "$tmp/log" | sed -nE 's/^tasks: ([0-9]+) quote, ([0-9]+) continue, ([0-9]+) question kept.*/\1 \2 \3/p')
+    echo "    tasks kept (quote, continue, question): $kept; held-out task prompts $(json "$tmp/tasks.json" random n_answers)"
+    [ "$kept" = "4 4 4" ] && is "$(json "$tmp/tasks.json" random n_answers) > 0" \
+        && ok "--tasks 12: 4 of each kind, held-out ones answered" || fail "--tasks 12: '$kept'"
+fi
 
 # refusals: another document, another model, truncated or corrupt files
 expect_refusal() {

@@ -1,0 +1,411 @@
+/* selfstudy.c - the prompts train fits the modules on.
+ *
+ * The full-cache model writes them itself (selfstudy.h): spans of the
+ * document to quote and continuations of them (what the model reads), and
+ * tasks in its own formats, each a question and the full cache's greedy
+ * answer (what a user asks). A task is kept only when it is well formed and
+ * about the document. A user's prompt file adds questions, answered the
+ * same way. Everything depends on the seed alone.
+ */
+#include "selfstudy.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------------ */
+/* A growing prompt set                                                     */
+
+typedef struct { int cap_prompts, cap_tokens; PromptSet set; } PromptBuilder;
+
+/* Appends a prompt of len tokens whose first question_len are its question
+ * (0: no answer part). */
+static void add_prompt(PromptBuilder *b, const int *tokens, int len, int question_len) {
+    PromptSet *p = &b->set;
+    if (p->n_prompts + 1 >= b->cap_prompts) {
+        b->cap_prompts = 2 * b->cap_prompts + 16;
+        p->offsets = realloc(p->offsets, b->cap_prompts * sizeof(int));
+        p->challenge = realloc(p->challenge, b->cap_prompts);
+        p->question_len = realloc(p->question_len, b->cap_prompts * sizeof(int));
+        if (!p->offsets || !p->challenge || !p->question_len) { fprintf(stderr, "error: out of memory\n"); exit(1); }
+        if (p->n_prompts == 0) p->offsets[0] = 0;
+    }
+    int used = p->offsets[p->n_prompts];
+    if (used + len > b->cap_tokens) {
+        b->cap_tokens = 2 * (used + len) + 64;
+        p->tokens = realloc(p->tokens, b->cap_tokens * sizeof(int));
+        if (!p->tokens) { fprintf(stderr, "error: out of memory\n"); exit(1); }
+    }
+    memcpy(p->tokens + used, tokens, len * sizeof(int));
+    p->challenge[p->n_prompts] = 0;
+    p->question_len[p->n_prompts] = question_len;
+    p->offsets[++p->n_prompts] = used + len;
+}
+
+/* 1 when the builder holds a prompt whose question part is these n tokens */
+static int has_question(const PromptBuilder *b, const int *question, int n) {
+    const PromptSet *p = &b->set;
+    for (int i = 0; i < p->n_prompts; i++)
+        if (p->question_len[i] == n && !memcmp(p->tokens + p->offsets[i], question, n * sizeof(int))) return 1;
+    return 0;
+}
+
+PromptSet select_prompts(const PromptSet *p, const unsigned char *is_train, int keep) {
+    PromptBuilder b = {0};
+    for (int i = 0; i < p->n_prompts; i++)
+        if (is_train[i] == keep) {
+            add_prompt(&b, p->tokens + p->offsets[i], p->offsets[i + 1] - p->offsets[i], p->question_len[i]);
+            b.set.challenge[b.set.n_prompts - 1] = p->challenge[i];
+        }
+    b.set.answer_cap = p->answer_cap;
+    b.set.answer_stop[0] = p->answer_stop[0]; b.set.answer_stop[1] = p->answer_stop[1];
+    b.set.n_nodoc_prefix = p->n_nodoc_prefix;
+    b.set.nodoc_prefix = xmalloc((p->n_nodoc_prefix + 1) * sizeof(int));
+    memcpy(b.set.nodoc_prefix, p->nodoc_prefix, p->n_nodoc_prefix * sizeof(int));
+    return b.set;
+}
+
+unsigned char *split_prompts(int n, unsigned long long seed) {
+    unsigned char *is_train = xmalloc(n);
+    int *order = xmalloc(n * sizeof(int));
+    uint64_t split_rng = seed * 0x9E3779B97F4A7C15ULL + 3;
+    for (int i = 0; i < n; i++) order[i] = i;
+    for (int i = n - 1; i > 0; i--) {  /* Fisher-Yates */
+        int j = rng_u32(&split_rng) % (i + 1), t = order[i];
+        order[i] = order[j]; order[j] = t;
+    }
+    int n_train = (int)(0.8 * n);
+    for (int i = 0; i < n; i++) is_train[order[i]] = i < n_train;
+    free(order);
+    return is_train;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Spans and continuations                                                  */
+
+/* Samples `len` tokens that the full-cache model generates after `span`. */
+static void continue_span(const Model *m, const Document *doc, const int *span, int n_span, int len,
+                          Sampler *sampler, int *out) {
+    RunState s;
+    runstate_alloc(&s, m, doc, n_span, n_span + len);
+    forward(m, &s, doc, span, n_span, 0, LOGITS_LAST);
+    float *logits = s.logits + (size_t)(n_span - 1) * m->config.vocab_size;
+    for (int i = 0; i < len; i++) {
+        out[i] = sample(sampler, logits, m->config.vocab_size);
+        if (i + 1 < len) forward(m, &s, doc, &out[i], 1, n_span + i, LOGITS_LAST);
+        logits = s.logits;
+    }
+    runstate_free(&s);
+}
+
+/* Half the prompts quote a document span, half continue one with the
+ * model's own sampled tokens; spans of [cap / 2, cap] tokens. */
+static void make_spans(const SelfStudyOptions *o, const SelfStudyInputs *in, PromptBuilder *b) {
+    uint64_t rng = o->seed * 2654435761ULL + 17;
+    int n_doc = in->n_doc, cap = o->prompt_len < n_doc ? o->prompt_len : n_doc;
+    Sampler sampler;
+    sampler_init(&sampler, in->model->config.vocab_size, 0.8f, 0.95f, o->seed + 1);
+    int *buf = xmalloc((cap + 1) * sizeof(int));
+    double t0 = now_seconds();
+    for (int i = 0; i < o->n_spans; i++) {
+        int len = cap / 2 + (int)(rng_u32(&rng) % (cap - cap / 2 + 1));  /* in [cap/2, cap] */
+        if (len < 2) len = 2 <= n_doc ? 2 : n_doc;
+        int start = 1 + (int)(rng_u32(&rng) % (uint32_t)(n_doc - len > 0 ? n_doc - len : 1));
+        if (start + len > n_doc) start = n_doc - len;
+        if (i % 2 == 0 || len < 4) {  /* quote: a span of the document */
+            add_prompt(b, in->doc_ids + start, len, 0);
+        } else {                        /* continue: half a span, then the model's own tokens */
+            int half = len / 2;
+            memcpy(buf, in->doc_ids + start, half * sizeof(int));
+            continue_span(in->model, in->doc, buf, half, len - half, &sampler, buf + half);
+            add_prompt(b, buf, len, 0);
+        }
+        if (i % 20 == 19 || i + 1 == o->n_spans) print_progress("spans", i + 1, o->n_spans, t0);
+    }
+    if (o->n_spans) fprintf(stderr, "\n");
+    sampler_free(&sampler);
+    free(buf);
+}
+
+/* The full-cache model's greedy answer after a question of n tokens (see
+ * answer_rollout), at most cap tokens, into answer; returns its length. */
+static int full_cache_answer(const SelfStudyInputs *in, const int *question, int n, const int stop[2], int cap,
+                             int *answer) {
+    if (cap < 1) return 0;
+    RunState s;
+    runstate_alloc(&s, in->model, in->doc, n, n + cap);
+    int len = answer_rollout(in->model, &s, in->doc, question, n, stop, cap, answer);
+    runstate_free(&s);
+    return len > 0 ? len : 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Tasks the model writes                                                   */
+
+/* The text of n ids (BOS left out), malloc'd. */
+static char *decoded_text(const Tokenizer *tok, const int *ids, int n) {
+    size_t room = 256, len = 0;
+    char *text = xmalloc(room);
+    for (int i = 0; i < n; i++) {
+        const char *piece = ids[i] == tok->bos_id ? "" : tokenizer_decode(tok, i ? ids[i - 1] : tok->bos_id, ids[i]);
+        size_t k = piece ? strlen(piece) : 0;
+        if (len + k + 1 > room) {
+            room = 2 * (len + k + 1);
+            text = realloc(text, room);
+            if (!text) { fprintf(stderr, "error: out of memory\n"); exit(1); }
+        }
+        memcpy(text + len, piece, k);
+        len += k;
+    }
+    text[len] = 0;
+    return text;
+}
+
+/* 1 when text ends with end */
+static int ends_with(const char *text, const char *end) {
+    size_t n = strlen(text), k = strlen(end);
+    return n >= k && !strcmp(text + n - k, end);
+}
+
+/* The default model's task formats. The full-cache model writes a task
+ * after `seed`, on one line: up to `end` (the question of "Q: ", which ends
+ * "?\n", the cue before " | " of "Continue: "), or, with no end, a cue of a
+ * few characters (what a quote starts with); then `suffix` completes the
+ * question and the model's greedy answer follows, which in every format
+ * ends with ANSWER_END. A task is about the document when its `grounded`
+ * part is in the document's text: a quote's cue begins a word of it at one
+ * place only, a continuation's cue is words of it at one place only (so the
+ * task names one sentence), a question's answer is words of it and so is
+ * every name (capitalised word after the first) it asks about. */
+enum { CUE_STARTS_WORD, CUE_IS_WORDS, ANSWER_IS_WORDS };
+typedef struct { const char *seed, *end, *suffix; int grounded; } TaskFormat;
+static const TaskFormat TASK_FORMATS[3] = {
+    {"\nQuote: ", NULL, "", CUE_STARTS_WORD}, {"\nContinue: ", " | ", "", CUE_IS_WORDS},
+    {"\nQ: ", "?\n", "A: ", ANSWER_IS_WORDS}};
+#define ANSWER_END ".\n"
+enum { MAX_TEXT = 512, MAX_QUESTION = MAX_TEXT + 64 };  /* a task's sampled text (bytes), its question (tokens) */
+
+/* Samples the full-cache model's text after f->seed into text (room bytes):
+ * to f->end, or to cue_chars characters when f has none. Returns its
+ * length, or -1 when the task is not well formed: the line ends without
+ * f->end, no end before the seed and the text reach cap tokens, a newline
+ * inside a cue, or BOS. */
+static int sample_task_text(const SelfStudyInputs *in, const TaskFormat *f, int cue_chars, int cap,
+                            Sampler *sampler, char *text, int room) {
+    const Model *m = in->model;
+    const Tokenizer *tok = in->tok;
+    int seed[64], n_seed = tokenizer_encode(tok, f->seed, 0, 0, seed, 64), len = 0, ok = 0;
+    int max_tokens = cap - n_seed;
+    if (n_seed < 1 || max_tokens < 1) return -1;
+    RunState s;
+    runstate_alloc(&s, m, in->doc, n_seed, n_seed + max_tokens);
+    forward(m, &s, in->doc, seed, n_seed, 0, LOGITS_LAST);
+    const float *logits = s.logits + (size_t)(n_seed - 1) * m->config.vocab_size;
+    text[0] = 0;
+    for (int i = 0, prev = seed[n_seed - 1]; i < max_tokens && !ok; i++) {
+        int next = sample(sampler, logits, m->config.vocab_size);
+        const char *piece = tokenizer_decode(tok, prev, next);
+        if (next == tok->bos_id || !piece || len + (int)strlen(piece) >= room) break;
+        strcpy(text + len, piece);
+        len += (int)strlen(piece);
+        int newline = strchr(piece, '\n') != NULL;
+        ok = f->end ? ends_with(text, f->end) : !newline && len >= cue_chars;
+        if (newline) break;  /* the question is one line (a question's ends with the newline) */
+        forward(m, &s, in->doc, &next, 1, n_seed + i, LOGITS_LAST);
+        logits = s.logits;
+        prev = next;
+    }
+    runstate_free(&s);
+    return ok ? len : -1;
+}
+
+/* How often `text` (not empty) occurs in doc_text after the start or a
+ * space and, if whole_words, before the end, a space or a period. */
+static int count_in_document(const char *doc_text, const char *text, int whole_words) {
+    size_t n = strlen(text);
+    int count = 0;
+    for (const char *at = strstr(doc_text, text); n && at; at = strstr(at + 1, text))
+        count += (at == doc_text || at[-1] == ' ') && (!whole_words || !at[n] || at[n] == ' ' || at[n] == '.');
+    return count;
+}
+
+/* 1 when every capitalised word of `text` but the first (a name: letters
+ * only, up to a space or punctuation) is a word of doc_text. */
+static int names_in_document(const char *doc_text, const char *text) {
+    char word[64];
+    for (const char *p = text; *p;) {
+        while (*p == ' ') p++;
+        size_t n = 0;
+        while (((p[n] >= 'a' && p[n] <= 'z') || (p[n] >= 'A' && p[n] <= 'Z')) && n + 1 < sizeof word) n++;
+        if (n > 0 && p != text && p[0] >= 'A' && p[0] <= 'Z') {
+            memcpy(word, p, n);
+            word[n] = 0;
+            if (count_in_document(doc_text, word, 1) == 0) return 0;
+        }
+        p += n;
+        while (*p && *p != ' ') p++;  /* to the next word */
+    }
+    return 1;
+}
+
+/* 1 when a task (its sampled cue, and its answer of n tokens) is well formed
+ * and about the document: the answer's text ends with ANSWER_END, and the
+ * part f->grounded names is in doc_text. */
+static int task_in_document(const Tokenizer *tok, const TaskFormat *f, const char *doc_text, const char *cue,
+                            const int *answer, int n) {
+    char *text = decoded_text(tok, answer, n);
+    int ok = ends_with(text, ANSWER_END);
+    if (ok && f->grounded == ANSWER_IS_WORDS) {
+        text[strlen(text) - strlen(ANSWER_END)] = 0;
+        ok = count_in_document(doc_text, text[0] == ' ' ? text + 1 : text, 1) > 0 && names_in_document(doc_text, cue);
+    } else if (ok) {  /* the cue without the format's end */
+        size_t k = strlen(cue) - (f->end ? strlen(f->end) : 0);
+        char *bare = xmalloc(k + 1);
+        memcpy(bare, cue, k);
+        bare[k] = 0;
+        ok = count_in_document(doc_text, bare, f->grounded == CUE_IS_WORDS) == 1;
+        free(bare);
+    }
+    free(text);
+    return ok;
+}
+
+/* One try at a task of format f: its question sampled, encoded, new, and
+ * answered by the full cache with a complete answer the document holds,
+ * into tokens; the prompt's length (question nq tokens), or 0. */
+static int try_task(const SelfStudyOptions *o, const SelfStudyInputs *in, const PromptBuilder *b,
+                    const TaskFormat *f, int cue_chars, const int stop[2], const char *doc_text, Sampler *sampler,
+                    int *tokens, int *nq) {
+    char text[MAX_TEXT], question_text[MAX_QUESTION];
+    int cap = o->prompt_len;
+    if (sample_task_text(in, f, cue_chars, cap, sampler, text, MAX_TEXT) < 0) return 0;
+    snprintf(question_text, sizeof question_text, "%s%s%s", f->seed, text, f->suffix);
+    *nq = tokenizer_encode(in->tok, question_text, 0, 0, tokens, MAX_QUESTION);
+    if (*nq < 1 || *nq >= cap || has_question(b, tokens, *nq)) return 0;
+    int room = cap - *nq < o->answer_len ? cap - *nq : o->answer_len;
+    int answer = full_cache_answer(in, tokens, *nq, stop, room, tokens + *nq);
+    int stopped = answer > 0 && (tokens[*nq + answer - 1] == stop[0] || tokens[*nq + answer - 1] == stop[1]);
+    if (!stopped || !task_in_document(in->tok, f, doc_text, text, tokens + *nq, answer)) return 0;
+    return *nq + answer;
+}
+
+/* Self-study task prompts: the full-cache model writes tasks about the
+ * document in its own formats, kinds in turn and in equal shares, sampled
+ * at its own distribution (temperature 1: diverse tasks), and answers them
+ * greedily; a task is kept when try_task finds it well formed, new, and
+ * about the document (tasks about what the document does not say, whose
+ * answers are guesses, are left out). At most n_tasks of 8 n_tasks tries. */
+static void make_tasks(const SelfStudyOptions *o, const SelfStudyInputs *in, const int stop[2], PromptBuilder *b) {
+    int *tokens = xmalloc((MAX_QUESTION + (size_t)o->prompt_len + o->answer_len) * sizeof(int)), kept[3] = {0}, tries = 0;
+    Sampler sampler;
+    sampler_init(&sampler, in->model->config.vocab_size, 1.0f, 1.0f, o->seed + 3);
+    uint64_t rng = o->seed * 0x2545F4914F6CDD1DULL + 5;
+    char *doc_text = decoded_text(in->tok, in->doc_ids, in->n_doc);
+    double t0 = now_seconds();
+    for (int done = 0, kind = 0; done < o->n_tasks && tries < 8 * o->n_tasks; kind = (kind + 1) % 3) {
+        if (kept[kind] >= (o->n_tasks + 2 - kind) / 3) continue;
+        tries++;
+        int cue_chars = 3 + (int)(rng_u32(&rng) % 14), nq;  /* a quote's cue: 3..16 characters */
+        int len = try_task(o, in, b, &TASK_FORMATS[kind], cue_chars, stop, doc_text, &sampler, tokens, &nq);
+        if (len == 0) continue;
+        add_prompt(b, tokens, len, nq);
+        kept[kind]++;
+        print_progress("tasks", ++done, o->n_tasks, t0);
+    }
+    fprintf(stderr, "\rtasks: %d quote, %d continue, %d question kept of %d tries (the rest not well formed, "
+            "repeats, or without a complete answer from the document)\n", kept[0], kept[1], kept[2], tries);
+    sampler_free(&sampler);
+    free(doc_text);
+    free(tokens);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The user's prompts                                                       */
+
+/* The ids of a line of token ids into ids: their count, or -1 after a sentence. */
+static int parse_id_line(const char *line, const char *path, int line_no, int *ids) {
+    int n = 0;
+    for (const char *p = line;;) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end != p && (errno == ERANGE || v < INT_MIN || v > INT_MAX)) end = (char *)p;  /* not an int */
+        if (end == p) {
+            while (*end == ' ' || *end == '\t' || *end == '\r') end++;
+            if (!*end) return n;
+            fprintf(stderr, "error: %s line %d: '%s' is not a token id\n", path, line_no, end);
+            return -1;
+        }
+        ids[n++] = (int)v;
+        p = end;
+    }
+}
+
+/* The ids of a line of text into ids (at most cap of them): a backslash-n
+ * stands for a newline, two backslashes for one; the prompt follows the
+ * document (framed as the end of a chat turn with chat). */
+static int encode_text_line(char *line, const Tokenizer *tok, int chat, int cap, int *ids) {
+    char *out = line;
+    for (char *in = line; *in; in++) {
+        if (in[0] == '\\' && (in[1] == 'n' || in[1] == '\\')) { *out++ = in[1] == 'n' ? '\n' : '\\'; in++; }
+        else *out++ = *in;
+    }
+    *out = 0;
+    int n, *encoded = encode_prompt(tok, line, chat, 1, INT_MAX, &n);
+    if (!encoded) return -1;
+    if (n > cap) n = cap;
+    memcpy(ids, encoded, n * sizeof(int));
+    free(encoded);
+    return n;
+}
+
+/* Reads user prompts, one per line: text (tok given) or token ids. Each is
+ * a question, followed by the full-cache model's greedy answer (to a stop
+ * token or --answer-len tokens) within the length cap. */
+static int read_user_prompts(const char *path, const Tokenizer *tok, const SelfStudyOptions *o,
+                             const SelfStudyInputs *in, const int stop[2], PromptBuilder *b) {
+    char *text = read_text_file(path);
+    if (!text) return -1;
+    int cap = o->prompt_len < in->n_doc ? o->prompt_len : in->n_doc;
+    size_t room = strlen(text) + 3 + (size_t)cap;
+    int *ids = xmalloc(room * sizeof(int)), line_no = 0, count = 0;
+    for (char *line = text, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = 0;
+        line_no++;
+        if (!*line) continue;
+        int n = tok ? encode_text_line(line, tok, o->chat, cap, ids) : parse_id_line(line, path, line_no, ids);
+        if (n < 0 || check_tokens(in->model, ids, n, path) != 0) { free(ids); free(text); return -1; }
+        if (n == 0) continue;  /* a blank line */
+        if (n > cap) n = cap;
+        int answer = full_cache_answer(in, ids, n, stop, cap - n < o->answer_len ? cap - n : o->answer_len, ids + n);
+        if (n + answer >= 2) { add_prompt(b, ids, n + answer, n); count++; }
+    }
+    free(ids);
+    free(text);
+    fprintf(stderr, "read %d prompts from %s, each followed by the model's own answer (up to %d tokens)\n",
+            count, path, o->answer_len);
+    return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+
+int make_prompt_set(const SelfStudyOptions *o, const SelfStudyInputs *in, PromptSet *out) {
+    PromptBuilder b = {0};
+    answer_conventions(in->tok, o->chat, &b.set);
+    b.set.answer_cap = o->answer_len;
+    make_spans(o, in, &b);
+    if (o->n_tasks > 0 && in->tok) make_tasks(o, in, b.set.answer_stop, &b);
+    else if (o->n_tasks > 0) fprintf(stderr, "note: no task prompts: they are text and need a tokenizer (-z)\n");
+    int rc = 0;
+    if (o->prompts_text_path) rc = read_user_prompts(o->prompts_text_path, in->tok, o, in, b.set.answer_stop, &b);
+    if (rc == 0 && o->prompts_ids_path) rc = read_user_prompts(o->prompts_ids_path, NULL, o, in, b.set.answer_stop, &b);
+    if (rc == 0 && b.set.n_prompts < 5) {
+        fprintf(stderr, "error: %d prompts are too few for a train/held-out split (need 5)\n", b.set.n_prompts);
+        rc = -1;
+    }
+    *out = b.set;
+    return rc;
+}

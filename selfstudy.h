@@ -1,0 +1,44 @@
+/* selfstudy.h - the prompts train fits the modules on (selfstudy.c).
+ *
+ * Self-study: the full-cache model (the model with the whole document in
+ * its context) writes its own training data about the document: spans of
+ * the document to quote, continuations of them, and tasks (a question and
+ * its answer) in the model's own formats; a user's prompt file may add
+ * more. Every answer is the full-cache model's greedy answer, so that the
+ * modules learn to reproduce what the full cache says.
+ */
+#ifndef SELFSTUDY_H
+#define SELFSTUDY_H
+
+#include "nectar.h"
+
+typedef struct {
+    int n_spans;          /* document spans and continuations */
+    int n_tasks;          /* task prompts the model writes (needs a tokenizer) */
+    int prompt_len;       /* a prompt's length cap, answer included */
+    int answer_len;       /* an answer's length cap */
+    int chat;             /* the document is a chat turn; prompts end it */
+    unsigned long long seed;
+    const char *prompts_text_path, *prompts_ids_path;  /* the user's prompts, or NULL */
+} SelfStudyOptions;
+
+/* What self-study reads: the model, its tokenizer (or NULL), the document's
+ * ids and its exact form (its KV cache). */
+typedef struct {
+    const Model *model;
+    const Tokenizer *tok;
+    const int *doc_ids;
+    int n_doc;
+    const Document *doc;
+} SelfStudyInputs;
+
+/* Every prompt (spans and continuations, tasks, the user's), with the
+ * answer conventions set (answer_conventions); 0, or -1 after a sentence
+ * (a prompt file that cannot be read, fewer than 5 prompts). */
+int make_prompt_set(const SelfStudyOptions *o, const SelfStudyInputs *in, PromptSet *out);
+/* A seeded 80/20 split: is_train (n, malloc'd) marks the training prompts. */
+unsigned char *split_prompts(int n, unsigned long long seed);
+/* The prompts with is_train[i] == keep, as a new set with p's conventions. */
+PromptSet select_prompts(const PromptSet *p, const unsigned char *is_train, int keep);
+
+#endif
