@@ -1562,18 +1562,67 @@ int evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const Pro
 
 /* Answers: greedy rollouts after each question                            */
 
-int answer_rollout(const Model *m, RunState *s, const Document *doc, const int *question, int n_question,
-                   const int stop[2], int cap, int *answer) {
-    if (n_question < 1 || cap < 1) return 0;
-    if (forward(m, s, doc, question, n_question, 0, LOGITS_LAST) != 0) return -1;
-    const float *logits = s->logits + (size_t)(n_question - 1) * m->config.vocab_size;
-    for (int n = 0; n < cap; n++) {
-        answer[n] = argmax(logits, m->config.vocab_size);
-        if (answer[n] == stop[0] || answer[n] == stop[1]) return n + 1;
-        if (n + 1 < cap && forward(m, s, doc, &answer[n], 1, n_question + n, LOGITS_LAST) != 0) return -1;
-        logits = s->logits;
+/* The next token of rollout r from logits row `row`: appended; 1 when the
+ * rollout goes on (no stop token, below its cap). */
+static int rollout_next(const Model *m, const RunState *s, int row, const int stop[2], Rollout *r) {
+    int next = argmax(s->logits + (size_t)row * m->config.vocab_size, m->config.vocab_size);
+    r->answer[r->len++] = next;
+    return next != stop[0] && next != stop[1] && r->len < r->cap;
+}
+
+/* The questions of the rollouts `idx` (count) in blocks of at most
+ * s->max_block rows, rollout idx[j] in sequence j, and each one's first
+ * token; live[j] says whether it goes on. */
+static int rollouts_prefill(const Model *m, RunState *s, const Document *doc, const int stop[2], Rollout *r,
+                            const int *idx, int count, Segment *seg, unsigned char *live) {
+    for (int j = 0; j < count;) {
+        int in_block = 0, rows = 0;
+        for (; j + in_block < count && rows + r[idx[j + in_block]].n_question <= s->max_block; in_block++) {
+            const Rollout *q = &r[idx[j + in_block]];
+            seg[in_block] = (Segment){q->question, q->n_question, j + in_block, 0};
+            rows += q->n_question;
+        }
+        if (in_block == 0) {
+            fprintf(stderr, "error: a question of %d tokens does not fit a block of %d\n", r[idx[j]].n_question,
+                    s->max_block);
+            return -1;
+        }
+        if (forward_segments(m, s, doc, seg, in_block, LOGITS_LAST) != 0) return -1;
+        for (int k = 0; k < in_block; k++) live[j + k] = rollout_next(m, s, k, stop, &r[idx[j + k]]);
+        j += in_block;
     }
-    return cap;
+    return 0;
+}
+
+int answer_rollouts(const Model *m, RunState *s, const Document *doc, const int stop[2], Rollout *r, int n) {
+    int *idx = xmalloc((n + 1) * sizeof(int)), count = 0;   /* (n) the rollouts with a question and room */
+    for (int k = 0; k < n; k++) {
+        r[k].len = 0;
+        if (r[k].n_question >= 1 && r[k].cap >= 1) idx[count++] = k;
+    }
+    if (count > s->n_seqs) {
+        fprintf(stderr, "error: %d rollouts need as many sequences; the run state has %d\n", count, s->n_seqs);
+        free(idx);
+        return -1;
+    }
+    Segment *seg = xmalloc((count + 1) * sizeof(Segment));  /* (count) */
+    unsigned char *live = xmalloc(count + 1);               /* (count) 1: rollout idx[j] goes on */
+    int *step = xmalloc((count + 1) * sizeof(int));         /* (count) the live ones in a decode step */
+    int rc = rollouts_prefill(m, s, doc, stop, r, idx, count, seg, live);
+    while (rc == 0) {  /* one decode step of every live rollout (up to a block of them), as one block */
+        int in_step = 0;
+        for (int j = 0; j < count && in_step < s->max_block; j++)
+            if (live[j]) {
+                Rollout *q = &r[idx[j]];
+                seg[in_step] = (Segment){&q->answer[q->len - 1], 1, j, q->n_question + q->len - 1};
+                step[in_step++] = j;
+            }
+        if (in_step == 0) break;
+        rc = forward_segments(m, s, doc, seg, in_step, LOGITS_LAST);
+        for (int k = 0; k < in_step && rc == 0; k++) live[step[k]] = rollout_next(m, s, k, stop, &r[idx[step[k]]]);
+    }
+    free(idx); free(seg); free(live); free(step);
+    return rc;
 }
 
 double answer_prefix_fraction(const int *ref, int n_ref, const int *got, int n_got) {
@@ -1595,21 +1644,29 @@ static int answer_prompts(const PromptSet *p, int challenge_only, int *max_quest
     return count;
 }
 
-/* The full-cache, Nectar and no-document answers to question i into
- * r's row `at`; -1 if a rollout failed. */
-static int answer_three_ways(const Model *m, RunState s[3], const Document runs[3], const PromptSet *p, int i,
-                             int cap, int *nodoc_input, EvalResult *r, int at) {
-    int nq = p->question_len[i];
-    const int *question = p->tokens + p->offsets[i];
-    int prefix = after_nodoc_prefix(p, question, nq, nodoc_input);
-    const int *inputs[3] = {question, question, nodoc_input}, lengths[3] = {nq, nq, prefix + nq};
-    int *len = r->answer_len + (size_t)at * 3;
-    for (int k = 0; k < 3; k++) {
-        int *answer = r->answer_tokens + ((size_t)at * 3 + k) * r->answer_cap;
-        len[k] = answer_rollout(m, &s[k], &runs[k], inputs[k], lengths[k], p->answer_stop, cap, answer);
-        if (len[k] < 0) return -1;
+/* Run k's answers (0 full cache, 1 Nectar, 2 no document) to the prompts
+ * r->answer_prompt, ROLLOUT_BATCH at a time; the no-document model reads
+ * each question after the set's prefix (nodoc_input: (n_answers, stride)). */
+enum { ROLLOUT_BATCH = 16 };
+static int answer_run(const Model *m, const Document *run, int k, const PromptSet *p, const int *nodoc_input,
+                      int stride, int max_question, int cap, EvalResult *r) {
+    RunState s;
+    int block = max_question > ROLLOUT_BATCH ? max_question : ROLLOUT_BATCH, rc = 0;
+    runstate_alloc_seqs(&s, m, run, block, max_question + cap, ROLLOUT_BATCH);
+    Rollout batch[ROLLOUT_BATCH];
+    for (int first = 0; first < r->n_answers && rc == 0; first += ROLLOUT_BATCH) {
+        int n = r->n_answers - first < ROLLOUT_BATCH ? r->n_answers - first : ROLLOUT_BATCH;
+        for (int j = 0; j < n; j++) {
+            int a = first + j, i = r->answer_prompt[a], nq = p->question_len[i];
+            const int *nodoc = nodoc_input + (size_t)a * stride;  /* its length first, then the tokens */
+            batch[j] = (Rollout){k == 2 ? nodoc + 1 : p->tokens + p->offsets[i], k == 2 ? nodoc[0] : nq, cap,
+                                 r->answer_tokens + ((size_t)a * 3 + k) * r->answer_cap, 0};
+        }
+        rc = answer_rollouts(m, &s, run, p->answer_stop, batch, n);
+        for (int j = 0; j < n && rc == 0; j++) r->answer_len[(size_t)(first + j) * 3 + k] = batch[j].len;
     }
-    return 0;
+    runstate_free(&s);
+    return rc;
 }
 
 /* answer_match: equal token for token (so of equal length); answer_prefix:
@@ -1632,31 +1689,30 @@ static void answer_means(EvalResult *r) {
 
 int evaluate_answers(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
                      int challenge_only, EvalResult *r) {
-    int max_question, cap = prompts->answer_cap, T = m->config.seq_len, K = prompts->n_nodoc_prefix;
+    int max_question, cap = prompts->answer_cap, K = prompts->n_nodoc_prefix;
     r->n_answers = answer_prompts(prompts, challenge_only, &max_question);
     r->answer_cap = cap > 0 ? cap : 1;
     r->answer_prompt = xmalloc((r->n_answers + 1) * sizeof(int));
     r->answer_len = xmalloc(((size_t)r->n_answers * 3 + 1) * sizeof(int));
     r->answer_tokens = xmalloc(((size_t)r->n_answers * 3 * r->answer_cap + 1) * sizeof(int));
     if (r->n_answers == 0) return 0;
+    /* the same cap for all three: where the context ends after the document (or the prefix) */
+    int room = m->config.seq_len - (doc->n > K ? doc->n : K) - max_question;
+    if (room < cap) cap = room > 0 ? room : 0;
+    int stride = 1 + K + max_question, *nodoc_input = xmalloc((size_t)r->n_answers * stride * sizeof(int));
+    for (int i = 0, a = 0; i < prompts->n_prompts; i++) {
+        if (prompts->question_len[i] == 0 || (challenge_only && !prompts->challenge[i])) continue;
+        int *at = nodoc_input + (size_t)a * stride;  /* (1 + K + max_question): the length, then the tokens */
+        at[0] = after_nodoc_prefix(prompts, prompts->tokens + prompts->offsets[i], prompts->question_len[i], at + 1) +
+                prompts->question_len[i];
+        r->answer_prompt[a++] = i;
+    }
     Document runs[3] = {{DOC_EXACT, doc->n, doc, NULL}, {DOC_NECTAR, ms->n_doc, NULL, ms}, NO_DOCUMENT};
-    RunState s[3];
-    for (int k = 0; k < 3; k++) {
-        int block = max_question + (k == 2 ? K : 0);
-        runstate_alloc(&s[k], m, &runs[k], block, block + cap);
-    }
-    int *nodoc_input = xmalloc((size_t)(K + max_question) * sizeof(int)), rc = 0;
-    for (int i = 0, at = 0; i < prompts->n_prompts && rc == 0; i++) {
-        int nq = prompts->question_len[i];
-        if (nq == 0 || (challenge_only && !prompts->challenge[i])) continue;
-        /* the same cap for all three: where the context ends after the document (or the prefix) */
-        int room = T - (doc->n > K ? doc->n : K) - nq, answer_cap = cap < room ? cap : room;
-        rc = answer_three_ways(m, s, runs, prompts, i, answer_cap, nodoc_input, r, at);
-        r->answer_prompt[at++] = i;
-    }
+    int rc = 0;
+    for (int k = 0; k < 3 && rc == 0; k++)
+        rc = answer_run(m, &runs[k], k, prompts, nodoc_input, stride, K + max_question, cap, r);
     if (rc == 0) answer_means(r);
     free(nodoc_input);
-    for (int k = 0; k < 3; k++) runstate_free(&s[k]);
     return rc;
 }
 

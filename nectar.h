@@ -453,12 +453,20 @@ typedef struct {
  * Returns -1 with a message if the modules' outputs are not finite. */
 int  evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
               int challenge_only, EvalResult *r);
-/* Greedy answer after a question (n_question tokens at local position 0):
- * argmax tokens until one of stop[2] (kept as the answer's last token) or
- * `cap` tokens. s holds n_question tokens a block and n_question + cap in
- * its cache. Returns the answer's length (answer holds cap), or -1. */
-int  answer_rollout(const Model *m, RunState *s, const Document *doc, const int *question, int n_question,
-                    const int stop[2], int cap, int *answer);
+/* Greedy answers, many at once: rollout k writes argmax tokens after its
+ * question (at local position 0 of sequence j, its place among those with
+ * a question and room) until one of stop[2] (kept as the answer's last
+ * token) or `cap` tokens. Each step is one forward_segments of every live
+ * rollout: one matrix product per weight for all of them. s needs a
+ * sequence per rollout, a block of the longest question (and of n), and
+ * room for question + cap. 0 (each len set), or -1 with a sentence. */
+typedef struct {
+    const int *question; int n_question;
+    int cap;
+    int *answer;  /* (cap) */
+    int len;      /* out: the answer's length */
+} Rollout;
+int  answer_rollouts(const Model *m, RunState *s, const Document *doc, const int stop[2], Rollout *r, int n);
 /* The fraction of ref's n_ref tokens that got reproduces before the first
  * token where they differ (1 when ref is empty). */
 double answer_prefix_fraction(const int *ref, int n_ref, const int *got, int n_got);

@@ -130,15 +130,16 @@ static void make_spans(const SelfStudyOptions *o, const SelfStudyInputs *in, Pro
 }
 
 /* The full-cache model's greedy answer after a question of n tokens (see
- * answer_rollout), at most cap tokens, into answer; returns its length. */
+ * answer_rollouts), at most cap tokens, into answer; returns its length. */
 static int full_cache_answer(const SelfStudyInputs *in, const int *question, int n, const int stop[2], int cap,
                              int *answer) {
     if (cap < 1) return 0;
     RunState s;
     runstate_alloc(&s, in->model, in->doc, n, n + cap);
-    int len = answer_rollout(in->model, &s, in->doc, question, n, stop, cap, answer);
+    Rollout one = {question, n, cap, answer, 0};
+    int rc = answer_rollouts(in->model, &s, in->doc, stop, &one, 1);
     runstate_free(&s);
-    return len > 0 ? len : 0;
+    return rc == 0 ? one.len : 0;
 }
 
 /* ------------------------------------------------------------------------ */

@@ -318,24 +318,21 @@ typedef struct {
     long *start;   /* (n_train) the position of their first token in P */
 } TeacherData;
 
-/* Runs the full-cache model over every prompt: train prompts (is_train[i])
- * are recorded into `td`; every prompt gets an embedding (D), the mean of its
- * final normalised hidden states. */
-static void teacher_pass(const Model *m, const Document *doc, const PromptSet *p, const unsigned char *is_train,
-                         int keep_logits, TeacherData *td, float *embed) {
-    const Config *c = &m->config;
-    int L = c->n_layers, D = c->dim, H = c->n_heads, max_len = promptset_max_len(p);
+/* The training prompts' places in P (td->prompt, td->start), and room for
+ * their targets (and logits when keep_logits). */
+static void teacher_alloc(const Config *c, const PromptSet *p, const unsigned char *is_train, int keep_logits,
+                          TeacherData *td) {
+    int L = c->n_layers, D = c->dim, H = c->n_heads;
     FitTargets *f = &td->fit;
     f->P = 0;
     td->n_train = 0;
     td->prompt = xmalloc(p->n_prompts * sizeof(int));
     td->start = xmalloc(p->n_prompts * sizeof(long));
     for (int i = 0; i < p->n_prompts; i++) {
-        int len = p->offsets[i + 1] - p->offsets[i];
         if (!is_train[i]) continue;
         td->prompt[td->n_train] = i;
         td->start[td->n_train++] = f->P;
-        f->P += len;
+        f->P += p->offsets[i + 1] - p->offsets[i];
     }
     size_t bytes = (size_t)f->P * ((size_t)L * (2 * D + H) + (keep_logits ? c->vocab_size : 0)) * sizeof(float);
     fprintf(stderr, "teacher pass: %d prompts, %ld training positions, %.1f MB of targets\n",
@@ -344,30 +341,61 @@ static void teacher_pass(const Model *m, const Document *doc, const PromptSet *p
     f->A = xmalloc((size_t)L * f->P * D * sizeof(float));
     f->alpha = xmalloc((size_t)L * f->P * H * sizeof(float));
     td->logits = keep_logits ? xmalloc((size_t)f->P * c->vocab_size * sizeof(float)) : NULL;
+}
+
+/* Prompt i's rows [row, row + len) of the last forward: its embedding (the
+ * mean of its final normalised hidden states, s->xb), and for a training
+ * prompt its targets at P position `at` (and logits). */
+static void teacher_record(const Config *c, const RunState *s, int row, int len, int i, int is_train, long at,
+                           TeacherData *td, float *embed) {
+    int L = c->n_layers, D = c->dim, H = c->n_heads, B = s->max_block, V = c->vocab_size;
+    FitTargets *f = &td->fit;
+    for (int k = 0; k < D; k++) {
+        double sum = 0;
+        for (int t = 0; t < len; t++) sum += s->xb[(size_t)(row + t) * D + k];
+        embed[(size_t)i * D + k] = (float)(sum / len);
+    }
+    if (!is_train) return;
+    for (int l = 0; l < L; l++) {
+        size_t tap = (size_t)l * B + row, target = (size_t)l * f->P + at;
+        memcpy(f->q + target * D, s->taps.q + tap * D, (size_t)len * D * sizeof(float));
+        memcpy(f->A + target * D, s->taps.doc_A + tap * D, (size_t)len * D * sizeof(float));
+        memcpy(f->alpha + target * H, s->taps.doc_lse + tap * H, (size_t)len * H * sizeof(float));
+    }
+    if (td->logits) memcpy(td->logits + (size_t)at * V, s->logits + (size_t)row * V, (size_t)len * V * sizeof(float));
+}
+
+/* Runs the full-cache model over every prompt, TEACHER_SEQS prompts a
+ * forward (forward_segments: one matrix product per weight for all their
+ * rows): train prompts (is_train[i]) are recorded into td; every prompt
+ * gets an embedding (D). */
+enum { TEACHER_SEQS = 8, TEACHER_ROWS = 256 };
+static void teacher_pass(const Model *m, const Document *doc, const PromptSet *p, const unsigned char *is_train,
+                         int keep_logits, TeacherData *td, float *embed) {
+    const Config *c = &m->config;
+    int max_len = promptset_max_len(p), block = max_len > TEACHER_ROWS ? max_len : TEACHER_ROWS;
+    teacher_alloc(c, p, is_train, keep_logits, td);
     RunState s;
-    runstate_alloc(&s, m, doc, max_len, max_len);
+    runstate_alloc_seqs(&s, m, doc, block, max_len, TEACHER_SEQS);
     runstate_enable_taps(&s, m);
+    Segment seg[TEACHER_SEQS];
     long at = 0;
     double t0 = now_seconds();
-    for (int i = 0; i < p->n_prompts; i++) {
-        int len = p->offsets[i + 1] - p->offsets[i];
-        forward(m, &s, doc, p->tokens + p->offsets[i], len, 0, LOGITS_ALL);  /* s.xb: final normed rows */
-        for (int k = 0; k < D; k++) {
-            double sum = 0;
-            for (int t = 0; t < len; t++) sum += s.xb[(size_t)t * D + k];
-            embed[(size_t)i * D + k] = (float)(sum / len);
+    for (int i = 0; i < p->n_prompts;) {
+        int n = 0, rows = 0;  /* the next prompts that fit one block */
+        for (; n < TEACHER_SEQS && i + n < p->n_prompts; n++) {
+            int len = p->offsets[i + n + 1] - p->offsets[i + n];
+            if (rows + len > block) break;
+            seg[n] = (Segment){p->tokens + p->offsets[i + n], len, n, 0};
+            rows += len;
         }
-        if (is_train[i]) {
-            for (int l = 0; l < L; l++) {
-                memcpy(f->q + ((size_t)l * f->P + at) * D, s.taps.q + (size_t)l * max_len * D, (size_t)len * D * sizeof(float));
-                memcpy(f->A + ((size_t)l * f->P + at) * D, s.taps.doc_A + (size_t)l * max_len * D, (size_t)len * D * sizeof(float));
-                memcpy(f->alpha + ((size_t)l * f->P + at) * H, s.taps.doc_lse + (size_t)l * max_len * H, (size_t)len * H * sizeof(float));
-            }
-            if (td->logits)
-                memcpy(td->logits + (size_t)at * c->vocab_size, s.logits, (size_t)len * c->vocab_size * sizeof(float));
-            at += len;
+        forward_segments(m, &s, doc, seg, n, LOGITS_ALL);
+        for (int k = 0, row = 0; k < n; row += seg[k].ntok, k++) {
+            teacher_record(c, &s, row, seg[k].ntok, i + k, is_train[i + k], at, td, embed);
+            if (is_train[i + k]) at += seg[k].ntok;
         }
-        if (i % 20 == 19 || i + 1 == p->n_prompts) print_progress("teacher", i + 1, p->n_prompts, t0);
+        i += n;
+        print_progress("teacher", i, p->n_prompts, t0);
     }
     fprintf(stderr, "\n");
     runstate_free(&s);
