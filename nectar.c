@@ -1562,10 +1562,13 @@ int evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const Pro
 
 /* Answers: greedy rollouts after each question                            */
 
-/* The next token of rollout r from logits row `row`: appended; 1 when the
+/* The next token of rollout r from logits row `row` (argmax, or drawn by
+ * the sampler): appended; 1 when the
  * rollout goes on (no stop token, below its cap). */
-static int rollout_next(const Model *m, const RunState *s, int row, const int stop[2], Rollout *r) {
-    int next = argmax(s->logits + (size_t)row * m->config.vocab_size, m->config.vocab_size);
+static int rollout_next(const Model *m, const RunState *s, int row, const int stop[2], Sampler *sampler,
+                        Rollout *r) {
+    const float *logits = s->logits + (size_t)row * m->config.vocab_size;
+    int next = sampler ? sample(sampler, logits, m->config.vocab_size) : argmax(logits, m->config.vocab_size);
     r->answer[r->len++] = next;
     return next != stop[0] && next != stop[1] && r->len < r->cap;
 }
@@ -1573,8 +1576,8 @@ static int rollout_next(const Model *m, const RunState *s, int row, const int st
 /* The questions of the rollouts `idx` (count) in blocks of at most
  * s->max_block rows, rollout idx[j] in sequence j, and each one's first
  * token; live[j] says whether it goes on. */
-static int rollouts_prefill(const Model *m, RunState *s, const Document *doc, const int stop[2], Rollout *r,
-                            const int *idx, int count, Segment *seg, unsigned char *live) {
+static int rollouts_prefill(const Model *m, RunState *s, const Document *doc, const int stop[2], Sampler *sampler,
+                            Rollout *r, const int *idx, int count, Segment *seg, unsigned char *live) {
     for (int j = 0; j < count;) {
         int in_block = 0, rows = 0;
         for (; j + in_block < count && rows + r[idx[j + in_block]].n_question <= s->max_block; in_block++) {
@@ -1588,13 +1591,14 @@ static int rollouts_prefill(const Model *m, RunState *s, const Document *doc, co
             return -1;
         }
         if (forward_segments(m, s, doc, seg, in_block, LOGITS_LAST) != 0) return -1;
-        for (int k = 0; k < in_block; k++) live[j + k] = rollout_next(m, s, k, stop, &r[idx[j + k]]);
+        for (int k = 0; k < in_block; k++) live[j + k] = rollout_next(m, s, k, stop, sampler, &r[idx[j + k]]);
         j += in_block;
     }
     return 0;
 }
 
-int answer_rollouts(const Model *m, RunState *s, const Document *doc, const int stop[2], Rollout *r, int n) {
+int rollouts(const Model *m, RunState *s, const Document *doc, const int stop[2], Sampler *sampler, Rollout *r,
+             int n) {
     int *idx = xmalloc((n + 1) * sizeof(int)), count = 0;   /* (n) the rollouts with a question and room */
     for (int k = 0; k < n; k++) {
         r[k].len = 0;
@@ -1608,7 +1612,7 @@ int answer_rollouts(const Model *m, RunState *s, const Document *doc, const int 
     Segment *seg = xmalloc((count + 1) * sizeof(Segment));  /* (count) */
     unsigned char *live = xmalloc(count + 1);               /* (count) 1: rollout idx[j] goes on */
     int *step = xmalloc((count + 1) * sizeof(int));         /* (count) the live ones in a decode step */
-    int rc = rollouts_prefill(m, s, doc, stop, r, idx, count, seg, live);
+    int rc = rollouts_prefill(m, s, doc, stop, sampler, r, idx, count, seg, live);
     while (rc == 0) {  /* one decode step of every live rollout (up to a block of them), as one block */
         int in_step = 0;
         for (int j = 0; j < count && in_step < s->max_block; j++)
@@ -1619,7 +1623,7 @@ int answer_rollouts(const Model *m, RunState *s, const Document *doc, const int 
             }
         if (in_step == 0) break;
         rc = forward_segments(m, s, doc, seg, in_step, LOGITS_LAST);
-        for (int k = 0; k < in_step && rc == 0; k++) live[step[k]] = rollout_next(m, s, k, stop, &r[idx[step[k]]]);
+        for (int k = 0; k < in_step && rc == 0; k++) live[step[k]] = rollout_next(m, s, k, stop, sampler, &r[idx[step[k]]]);
     }
     free(idx); free(seg); free(live); free(step);
     return rc;
@@ -1662,7 +1666,7 @@ static int answer_run(const Model *m, const Document *run, int k, const PromptSe
             batch[j] = (Rollout){k == 2 ? nodoc + 1 : p->tokens + p->offsets[i], k == 2 ? nodoc[0] : nq, cap,
                                  r->answer_tokens + ((size_t)a * 3 + k) * r->answer_cap, 0};
         }
-        rc = answer_rollouts(m, &s, run, p->answer_stop, batch, n);
+        rc = rollouts(m, &s, run, p->answer_stop, NULL, batch, n);
         for (int j = 0; j < n && rc == 0; j++) r->answer_len[(size_t)(first + j) * 3 + k] = batch[j].len;
     }
     runstate_free(&s);

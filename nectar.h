@@ -38,6 +38,8 @@
 
 #include "tokenizer_bpe.h"
 
+typedef struct Sampler Sampler;  /* a token sampler (util.c) */
+
 /* ------------------------------------------------------------------------ */
 /* The model: a llama2.c transformer (formats.c loads and writes it)        */
 
@@ -453,10 +455,10 @@ typedef struct {
  * Returns -1 with a message if the modules' outputs are not finite. */
 int  evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
               int challenge_only, EvalResult *r);
-/* Greedy answers, many at once: rollout k writes argmax tokens after its
- * question (at local position 0 of sequence j, its place among those with
- * a question and room) until one of stop[2] (kept as the answer's last
- * token) or `cap` tokens. Each step is one forward_segments of every live
+/* Generations, many at once: rollout k writes tokens after its question (at
+ * local position 0 of sequence j, its place among those with a question and
+ * room), argmax (greedy; sampler NULL) or drawn by the sampler, until one
+ * of stop[2] (kept as the answer's last token) or `cap` tokens. Each step is one forward_segments of every live
  * rollout: one matrix product per weight for all of them. s needs a
  * sequence per rollout, a block of the longest question (and of n), and
  * room for question + cap. 0 (each len set), or -1 with a sentence. */
@@ -466,13 +468,14 @@ typedef struct {
     int *answer;  /* (cap) */
     int len;      /* out: the answer's length */
 } Rollout;
-int  answer_rollouts(const Model *m, RunState *s, const Document *doc, const int stop[2], Rollout *r, int n);
+int  rollouts(const Model *m, RunState *s, const Document *doc, const int stop[2], Sampler *sampler, Rollout *r,
+               int n);
 /* The fraction of ref's n_ref tokens that got reproduces before the first
  * token where they differ (1 when ref is empty). */
 double answer_prefix_fraction(const int *ref, int n_ref, const int *got, int n_got);
 /* The answer metrics of r (n_answers, answer_match, answer_match_nodoc,
  * answer_prefix and the answers themselves): the full-cache, Nectar and
- * no-document answers (answer_rollout; without the document the question
+ * no-document answers (rollouts, greedy; without the document the question
  * follows the set's nodoc_prefix; the cap shortened where the context ends)
  * of every prompt with a question part (challenge_only: only those
  * marked). evaluate calls it. */
@@ -633,11 +636,11 @@ float    rng_normal(uint64_t *state);
 int      argmax(const float *x, int n);
 
 typedef struct { float prob; int index; } Candidate;
-typedef struct {
+struct Sampler {
     float temperature, topp;
     uint64_t rng;
     Candidate *cand;  /* (V) probabilities, sorted for top-p */
-} Sampler;
+};
 
 void sampler_init(Sampler *s, int vocab_size, float temperature, float topp, uint64_t seed);
 void sampler_free(Sampler *s);

@@ -130,14 +130,14 @@ static void make_spans(const SelfStudyOptions *o, const SelfStudyInputs *in, Pro
 }
 
 /* The full-cache model's greedy answer after a question of n tokens (see
- * answer_rollouts), at most cap tokens, into answer; returns its length. */
+ * rollouts), at most cap tokens, into answer; returns its length. */
 static int full_cache_answer(const SelfStudyInputs *in, const int *question, int n, const int stop[2], int cap,
                              int *answer) {
     if (cap < 1) return 0;
     RunState s;
     runstate_alloc(&s, in->model, in->doc, n, n + cap);
     Rollout one = {question, n, cap, answer, 0};
-    int rc = answer_rollouts(in->model, &s, in->doc, stop, &one, 1);
+    int rc = rollouts(in->model, &s, in->doc, stop, NULL, &one, 1);
     runstate_free(&s);
     return rc == 0 ? one.len : 0;
 }
@@ -323,6 +323,226 @@ static void make_tasks(const SelfStudyOptions *o, const SelfStudyInputs *in, con
 }
 
 /* ------------------------------------------------------------------------ */
+/* Tasks for a chat model                                                   */
+
+/* A chat model writes and answers requests about the document in its own
+ * chat turn (after the document, as a user would ask). The document's text
+ * is cut into chunks of about CHUNK_CHARS at sentence ends; for each chunk
+ * in turn one request, of the kinds in turn:
+ *   question:  the model, shown the chunk, writes a question about it
+ *              (sampled, temperature 0.7, top-p 0.9): CHAT_ASK below;
+ *   quote:     "Quote the sentence of the document that begins with "...""
+ *              (its first QUOTE_WORDS words);
+ *   continue:  "Continue the document's text after "..."" (CONTINUE_WORDS
+ *              words of a sentence, from its start);
+ *   summarise: "Summarise in one sentence the part of the document that
+ *              begins "..."" (the chunk's first SUMMARY_WORDS words).
+ * A model-written question is kept when it is one line of 16 to 300
+ * characters ending '?'. Every request is then answered by the full cache,
+ * greedily, to the end of its turn; a task is kept when the answer ends
+ * there within the caps and the request is new. */
+enum { CHUNK_CHARS = 600, QUOTE_WORDS = 5, CONTINUE_WORDS = 10, SUMMARY_WORDS = 8, CHAT_BATCH = 16 };
+enum { CHAT_QUESTION, CHAT_QUOTE, CHAT_CONTINUE, CHAT_SUMMARY, CHAT_KINDS };
+static const char *const CHAT_KIND_NAMES[CHAT_KINDS] = {"question", "quote", "continue", "summarise"};
+static const char CHAT_ASK[] = "Here is a passage of the document:\n\n%s\n\nWrite one question about this passage "
+                               "that the document answers. Write only the question.";
+
+/* The chunks of text: starts (and ends) at sentence ends, about CHUNK_CHARS
+ * each; their count (at most max). */
+static int document_chunks(const char *text, int max, int *start, int *end) {
+    int n = 0, len = (int)strlen(text);
+    for (int at = 0; at < len && n < max;) {
+        while (at < len && (text[at] == ' ' || text[at] == '\n')) at++;
+        if (at >= len) break;
+        int stop = at + CHUNK_CHARS < len ? at + CHUNK_CHARS : len;
+        while (stop < len && !(text[stop - 1] == '.' && (text[stop] == ' ' || text[stop] == '\n'))) stop++;
+        start[n] = at; end[n++] = stop;
+        at = stop;
+    }
+    return n;
+}
+
+/* The first `words` words of text from `at` (within its chunk, at most up
+ * to `end`, on one line) into out, malloc'd with spaces between them. */
+static char *first_words(const char *text, int at, int end, int words) {
+    char *out = xmalloc((size_t)(end - at) + 1);
+    int len = 0, count = 0;
+    for (int i = at; i < end && count < words; i++) {
+        char ch = text[i] == '\n' ? ' ' : text[i];
+        if (ch == ' ' && (len == 0 || out[len - 1] == ' ')) continue;
+        if (ch == ' ') count++;
+        if (count < words) out[len++] = ch;
+    }
+    while (len > 0 && out[len - 1] == ' ') len--;
+    out[len] = 0;
+    return out;
+}
+
+/* The start of a sentence of the chunk [at, end), picked with rng: the
+ * chunk's start or just after a sentence end inside it. */
+static int sentence_start(const char *text, int at, int end, uint64_t *rng) {
+    int starts[256], n = 0;
+    starts[n++] = at;
+    for (int i = at + 1; i + 1 < end && n < 256; i++)
+        if (text[i - 1] == '.' && (text[i] == ' ' || text[i] == '\n')) {
+            while (i < end && (text[i] == ' ' || text[i] == '\n')) i++;
+            if (i + 1 < end) starts[n++] = i;
+        }
+    return starts[rng_u32(rng) % n];
+}
+
+/* The text of a request of `kind` about the chunk [at, end) of text,
+ * malloc'd (for CHAT_QUESTION: CHAT_ASK, which asks the model for one). */
+static char *chat_request(const char *text, int at, int end, int kind, uint64_t *rng) {
+    int sentence = sentence_start(text, at, end, rng);
+    char *words = kind == CHAT_QUESTION ? xmalloc((size_t)(end - at) + 1)
+                : first_words(text, kind == CHAT_SUMMARY ? at : sentence, end,
+                              kind == CHAT_QUOTE ? QUOTE_WORDS : kind == CHAT_CONTINUE ? CONTINUE_WORDS : SUMMARY_WORDS);
+    if (kind == CHAT_QUESTION) { memcpy(words, text + at, end - at); words[end - at] = 0; }
+    static const char *const formats[CHAT_KINDS] = {
+        CHAT_ASK, "Quote the sentence of the document that begins with \"%s\".",
+        "Continue the document's text after \"%s\".",
+        "Summarise in one sentence the part of the document that begins \"%s\"."};
+    size_t room = strlen(formats[kind]) + strlen(words) + 1;
+    char *out = xmalloc(room);
+    snprintf(out, room, formats[kind], words);
+    free(words);
+    return out;
+}
+
+/* 1 when a question the model wrote is one line of 16 to 300 characters
+ * that ends '?' (its end of turn already cut). */
+static int question_well_formed(const char *q) {
+    size_t n = strlen(q);
+    return n >= 16 && n <= 300 && q[n - 1] == '?' && !strchr(q, '\n');
+}
+
+/* One batch's generations (rollouts, s sized for CHAT_BATCH of them): the
+ * prompts (ids[k], n[k]) with caps, into out[k] (room cap[k]); len[k] the
+ * lengths, or -1 when rollout k did not reach a stop token. */
+static void chat_generate(const SelfStudyInputs *in, RunState *s, int **ids, const int *n, const int *cap,
+                          Sampler *sampler, const int stop[2], int **out, int *len, int count) {
+    Rollout r[CHAT_BATCH];
+    for (int k = 0; k < count; k++) r[k] = (Rollout){ids[k], n[k], cap[k], out[k], 0};
+    int ok = rollouts(in->model, s, in->doc, stop, sampler, r, count) == 0;
+    for (int k = 0; k < count; k++) {
+        int last = r[k].len > 0 ? out[k][r[k].len - 1] : -1;
+        len[k] = ok && (last == stop[0] || last == stop[1]) ? r[k].len : -1;
+    }
+}
+
+enum { REQUEST_MAX = 256, QUESTION_CAP = 64 };  /* tokens of a request; of a question the model writes */
+
+/* A request's ids as a prompt after the document (the end of the user's
+ * turn), at most max of them: their count, or -1. */
+static int encode_request(const Tokenizer *tok, const char *text, int *ids, int max) {
+    int n, *encoded = encode_prompt(tok, text, 1, 1, 1 << 20, &n);
+    if (!encoded || n > max) { free(encoded); return -1; }
+    memcpy(ids, encoded, n * sizeof(int));
+    free(encoded);
+    return n;
+}
+
+/* A chat round's buffers: CHAT_BATCH requests, their ids and generations. */
+typedef struct {
+    char *request[CHAT_BATCH];  /* each request's text (NULL: dropped) */
+    int kind[CHAT_BATCH];
+    int *ids[CHAT_BATCH];       /* (REQUEST_MAX + answer cap) its prompt, then the answer */
+    int *gen[CHAT_BATCH];       /* (max(QUESTION_CAP, answer cap)) a generation */
+    int count;
+} ChatRound;
+
+/* The model's question for each CHAT_QUESTION request of the round: the
+ * request replaced by it, or dropped when it is not well formed. */
+static void chat_write_questions(const SelfStudyInputs *in, RunState *s, Sampler *sampler, const int stop[2],
+                                 ChatRound *cr) {
+    int idx[CHAT_BATCH], n[CHAT_BATCH], cap[CHAT_BATCH], len[CHAT_BATCH], m = 0, *ids[CHAT_BATCH], *gen[CHAT_BATCH];
+    for (int k = 0; k < cr->count; k++) {
+        if (cr->kind[k] != CHAT_QUESTION) continue;
+        n[m] = encode_request(in->tok, cr->request[k], cr->ids[k], REQUEST_MAX);
+        free(cr->request[k]);
+        cr->request[k] = NULL;
+        if (n[m] < 0) continue;
+        ids[m] = cr->ids[k]; gen[m] = cr->gen[k]; cap[m] = QUESTION_CAP; idx[m++] = k;
+    }
+    chat_generate(in, s, ids, n, cap, sampler, stop, gen, len, m);
+    for (int j = 0; j < m; j++) {
+        if (len[j] < 1) continue;
+        char *q = decoded_text(in->tok, gen[j], len[j] - 1);  /* without its end of turn */
+        char *text = q;
+        while (*text == ' ' || *text == '\n') text++;
+        for (size_t e = strlen(text); e > 0 && (text[e - 1] == ' ' || text[e - 1] == '\n'); e--) text[e - 1] = 0;
+        if (question_well_formed(text)) { cr->request[idx[j]] = xmalloc(strlen(text) + 1); strcpy(cr->request[idx[j]], text); }
+        free(q);
+    }
+}
+
+/* The full cache's answer to each request of the round that is new, within
+ * the caps; each one answered to the end of its turn becomes a task. */
+static void chat_answer_requests(const SelfStudyOptions *o, const SelfStudyInputs *in, RunState *s,
+                                 const int stop[2], ChatRound *cr, PromptBuilder *b, int *kept) {
+    int idx[CHAT_BATCH], n[CHAT_BATCH], cap[CHAT_BATCH], len[CHAT_BATCH], m = 0, *ids[CHAT_BATCH], *gen[CHAT_BATCH];
+    for (int k = 0; k < cr->count; k++) {
+        if (!cr->request[k]) continue;
+        int nq = encode_request(in->tok, cr->request[k], cr->ids[k], o->prompt_len - 1), repeat = nq < 0;
+        for (int j = 0; j < m && !repeat; j++)
+            repeat = n[j] == nq && !memcmp(ids[j], cr->ids[k], nq * sizeof(int));
+        if (repeat || has_question(b, cr->ids[k], nq)) continue;
+        n[m] = nq; ids[m] = cr->ids[k]; gen[m] = cr->gen[k]; idx[m++] = k;
+        cap[m - 1] = o->prompt_len - nq < o->answer_len ? o->prompt_len - nq : o->answer_len;
+    }
+    chat_generate(in, s, ids, n, cap, NULL, stop, gen, len, m);
+    for (int j = 0; j < m; j++) {
+        if (len[j] < 2) continue;  /* no answer before the end of the turn */
+        memcpy(ids[j] + n[j], gen[j], len[j] * sizeof(int));
+        add_prompt(b, ids[j], n[j] + len[j], n[j]);
+        kept[cr->kind[idx[j]]]++;
+    }
+}
+
+/* Chat self-study tasks, CHAT_BATCH requests a round (chunks in turn, the
+ * kinds in turn within them): the round's questions written in one batch of
+ * rollouts, then all its requests answered in another; at most n_tasks
+ * from 4 n_tasks requests. */
+static void make_chat_tasks(const SelfStudyOptions *o, const SelfStudyInputs *in, const int stop[2],
+                            PromptBuilder *b) {
+    enum { MAX_CHUNKS = 4096 };
+    int *start = xmalloc(MAX_CHUNKS * sizeof(int)), *end = xmalloc(MAX_CHUNKS * sizeof(int));
+    int n_chunks = document_chunks(in->doc_text, MAX_CHUNKS, start, end), kept[CHAT_KINDS] = {0}, tries = 0;
+    int gen_cap = o->answer_len > QUESTION_CAP ? o->answer_len : QUESTION_CAP, done = 0;
+    RunState s;
+    runstate_alloc_seqs(&s, in->model, in->doc, REQUEST_MAX, REQUEST_MAX + gen_cap, CHAT_BATCH);
+    ChatRound cr;
+    for (int k = 0; k < CHAT_BATCH; k++) {
+        cr.ids[k] = xmalloc((size_t)(REQUEST_MAX + gen_cap) * sizeof(int));
+        cr.gen[k] = xmalloc((size_t)gen_cap * sizeof(int));
+    }
+    Sampler sampler;
+    sampler_init(&sampler, in->model->config.vocab_size, 0.7f, 0.9f, o->seed + 3);
+    uint64_t rng = o->seed * 0x2545F4914F6CDD1DULL + 5;
+    double t0 = now_seconds();
+    while (n_chunks > 0 && done < o->n_tasks && tries < 4 * o->n_tasks) {
+        for (cr.count = 0; cr.count < CHAT_BATCH && tries < 4 * o->n_tasks; cr.count++, tries++) {
+            int chunk = (tries / CHAT_KINDS) % n_chunks;
+            cr.kind[cr.count] = tries % CHAT_KINDS;
+            cr.request[cr.count] = chat_request(in->doc_text, start[chunk], end[chunk], cr.kind[cr.count], &rng);
+        }
+        chat_write_questions(in, &s, &sampler, stop, &cr);
+        chat_answer_requests(o, in, &s, stop, &cr, b, kept);
+        for (int k = 0; k < cr.count; k++) free(cr.request[k]);
+        done = kept[0] + kept[1] + kept[2] + kept[3];
+        print_progress("tasks", done < o->n_tasks ? done : o->n_tasks, o->n_tasks, t0);
+    }
+    fprintf(stderr, "\rtasks from %d chunks: %d %s, %d %s, %d %s, %d %s kept of %d requests (the rest not well "
+            "formed, repeats, or unanswered within the caps)\n", n_chunks, kept[0], CHAT_KIND_NAMES[0], kept[1],
+            CHAT_KIND_NAMES[1], kept[2], CHAT_KIND_NAMES[2], kept[3], CHAT_KIND_NAMES[3], tries);
+    for (int k = 0; k < CHAT_BATCH; k++) { free(cr.ids[k]); free(cr.gen[k]); }
+    sampler_free(&sampler);
+    runstate_free(&s);
+    free(start); free(end);
+}
+
+/* ------------------------------------------------------------------------ */
 /* The user's prompts                                                       */
 
 /* The ids of a line of token ids into ids: their count, or -1 after a sentence. */
@@ -398,7 +618,8 @@ int make_prompt_set(const SelfStudyOptions *o, const SelfStudyInputs *in, Prompt
     answer_conventions(in->tok, o->chat, &b.set);
     b.set.answer_cap = o->answer_len;
     make_spans(o, in, &b);
-    if (o->n_tasks > 0 && in->tok) make_tasks(o, in, b.set.answer_stop, &b);
+    if (o->n_tasks > 0 && in->tok && o->chat) make_chat_tasks(o, in, b.set.answer_stop, &b);
+    else if (o->n_tasks > 0 && in->tok) make_tasks(o, in, b.set.answer_stop, &b);
     else if (o->n_tasks > 0) fprintf(stderr, "note: no task prompts: they are text and need a tokenizer (-z)\n");
     int rc = 0;
     if (o->prompts_text_path) rc = read_user_prompts(o->prompts_text_path, in->tok, o, in, b.set.answer_stop, &b);

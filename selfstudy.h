@@ -23,10 +23,11 @@ typedef struct {
 } SelfStudyOptions;
 
 /* What self-study reads: the model, its tokenizer (or NULL), the document's
- * ids and its exact form (its KV cache). */
+ * text (NULL when it came as token ids), ids and exact form (its KV cache). */
 typedef struct {
     const Model *model;
     const Tokenizer *tok;
+    const char *doc_text;
     const int *doc_ids;
     int n_doc;
     const Document *doc;

@@ -230,6 +230,7 @@ typedef struct {
     Model model;
     Tokenizer tok, *tokp;  /* tokp: &tok when -z was given, else NULL */
     int n_doc, *doc_ids;   /* (n_doc) the document's token ids */
+    char *doc_text;        /* the document's text (NULL for token ids) */
     DocCache cache;
     Document doc;          /* the exact document: its KV cache */
 } Inputs;
@@ -247,10 +248,9 @@ static int read_document(const Options *o, Inputs *in) {
         fprintf(stderr, "error: a text document needs a tokenizer (-z, or a GGUF model)\n");
         return -1;
     }
-    char *text = read_text_file(o->doc_text_path);
-    if (!text) return -1;
-    in->doc_ids = encode_document(in->tokp, text, o->chat, c->seq_len, &in->n_doc);
-    free(text);
+    in->doc_text = read_text_file(o->doc_text_path);
+    if (!in->doc_text) return -1;
+    in->doc_ids = encode_document(in->tokp, in->doc_text, o->chat, c->seq_len, &in->n_doc);
     return in->doc_ids ? 0 : -1;
 }
 
@@ -293,6 +293,7 @@ static int load_inputs(const Options *o, Inputs *in) {
 static void inputs_free(Inputs *in) {
     doccache_free(&in->cache);
     free(in->doc_ids);
+    free(in->doc_text);
     if (in->tokp) tokenizer_free(in->tokp);
     model_free(&in->model);
 }
@@ -301,7 +302,7 @@ static void inputs_free(Inputs *in) {
 static int make_prompts(const Options *o, const Inputs *in, PromptSet *all) {
     SelfStudyOptions so = {o->n_prompts, o->n_tasks, o->prompt_len, o->answer_len, o->chat, o->seed,
                            o->prompts_text_path, o->prompts_ids_path};
-    SelfStudyInputs si = {&in->model, in->tokp, in->doc_ids, in->n_doc, &in->doc};
+    SelfStudyInputs si = {&in->model, in->tokp, in->doc_text, in->doc_ids, in->n_doc, &in->doc};
     return make_prompt_set(&so, &si, all);
 }
 
