@@ -34,13 +34,16 @@
 /* ------------------------------------------------------------------------ */
 /* Options                                                                  */
 
+enum { NOT_GIVEN = INT_MIN };  /* --prompt-len, --answer-len: chosen by load_inputs, as the model is */
+
 typedef struct {
     const char *model_path, *tok_path, *doc_text_path, *doc_ids_path, *out_path;
     const char *prompts_text_path, *prompts_ids_path, *checkpoint_path, *resume_path;
     ModuleArch arch;
     float rho, lr, weight_decay, warmup_fraction, lambda_alpha, lambda_A, lambda_kl;
     int steps, batch, kl_prompts, n_prompts, n_tasks, prompt_len, answer_len, checkpoint_every, stop_after, json;
-    int gpu, chat;
+    int gpu;
+    int chat;  /* 1: --chat, 0: --no-chat, -1: as the model is (load_inputs decides) */
     int depth_backbone, depth_score, depth_target;
     enum { LOSS_KL, LOSS_REGRESSION, LOSS_MIXED } loss_preset;
     const char *groups;
@@ -55,7 +58,10 @@ static void usage(FILE *f) {
         "  -d DOC.txt        document text (BOS first where the tokenizer adds one)\n"
         "  -D DOC.ids        document token ids\n"
         "  --chat            the model's chat template: the document goes into the user's turn, each\n"
-        "                    text prompt ends the turn (infer --chat uses the modules)\n"
+        "                    text prompt ends the turn, self-study writes chat tasks (infer --chat\n"
+        "                    uses the modules); the default for a model with a ChatML template and a\n"
+        "                    text document\n"
+        "  --no-chat         the document and prompts as plain text, even for a chat model\n"
         "  -o OUT.nectar     module file to write\n"
         "  --arch mlp|quad   module architecture (default mlp)\n"
         "  --rho R           budget: params / (2 n d) per module (default 0.1)\n"
@@ -76,12 +82,12 @@ static void usage(FILE *f) {
         "  --tasks N         self-study task prompts (needs a tokenizer): the full-cache model writes\n"
         "                    quote, continue and question tasks about the document and answers them;\n"
         "                    at most N, from 8 N tries, a third of each kind (default 300)\n"
-        "  --prompt-len N    prompt length cap in tokens, answer included (default 80)\n"
+        "  --prompt-len N    prompt length cap in tokens, answer included (default 80; 196 with --chat)\n"
         "  --prompts FILE    extra prompts, one per line (text, needs -z; \\n is a newline)\n"
         "  --prompt-ids FILE extra prompts, one per line (token ids)\n"
         "  --answer-len N    answers (the full cache's greedy answer after a task or extra prompt,\n"
         "                    and the held-out answer rollouts) end at a newline, or at the end of a\n"
-        "                    chat turn with --chat, or after N tokens (default 48)\n"
+        "                    chat turn with --chat, or after N tokens (default 48; 128 with --chat)\n"
         "  --checkpoint P    write a checkpoint to P every --checkpoint-every steps (default steps/4)\n"
         "  --resume P        continue from checkpoint P (same data and options)\n"
         "  --stop-after N    stop after step N (with a checkpoint), as if interrupted\n"
@@ -165,8 +171,8 @@ static const char *finish_options(Options *o) {
     if (!depths_valid(o->depth_backbone, o->depth_score, o->depth_target) ||
         o->depth_backbone + o->depth_score + o->depth_target < 1)
         return "--depths B,S,T must be >= 0 with 1 <= B+S+T <= 64";
-    if (o->steps < 0 || o->batch < 1 || o->n_prompts < 0 || o->n_tasks < 0 || o->prompt_len < 2 ||
-        o->answer_len < 0 || o->stop_after < 0 || o->checkpoint_every < 0)
+    if (o->steps < 0 || o->batch < 1 || o->n_prompts < 0 || o->n_tasks < 0 || (o->prompt_len != NOT_GIVEN && o->prompt_len < 2) ||
+        (o->answer_len != NOT_GIVEN && o->answer_len < 0) || o->stop_after < 0 || o->checkpoint_every < 0)
         return "need --steps >= 0 (0: evaluate the initial modules), --batch >= 1, --n-prompts >= 0, --tasks >= 0, "
                "--prompt-len >= 2, --answer-len >= 0, --stop-after >= 0 and --checkpoint-every >= 0";
     if (!(o->lr > 0) || o->weight_decay < 0 || o->warmup_fraction < 0 || o->warmup_fraction >= 1)
@@ -175,7 +181,7 @@ static const char *finish_options(Options *o) {
         return "the loss weights must be >= 0 and not all 0";
     if (o->kl_prompts < 1 || o->kl_prompts > 64) return "--kl-prompts must be in 1..64";
     if (o->stop_after > 0 && !o->checkpoint_path) return "--stop-after needs --checkpoint, or the fit is lost";
-    if (o->chat && (o->doc_ids_path || o->prompts_ids_path))
+    if (o->chat == 1 && (o->doc_ids_path || o->prompts_ids_path))
         return "--chat frames texts (-d, --prompts); token ids (-D, --prompt-ids) are used as given";
 #ifndef NECTAR_CUDA
     if (o->gpu) return NO_GPU_SUPPORT;
@@ -205,9 +211,9 @@ static int check_outputs(const Options *o) {
 
 static int parse_options(int argc, char **argv, Options *o) {
     *o = (Options){.arch = ARCH_MLP, .rho = 0.1f, .lr = 3e-2f, .warmup_fraction = 0.05f,
-                   .lambda_alpha = NAN, .lambda_A = NAN, .lambda_kl = NAN, .kl_prompts = 2, .answer_len = 48,
+                   .lambda_alpha = NAN, .lambda_A = NAN, .lambda_kl = NAN, .kl_prompts = 2, .answer_len = NOT_GIVEN,
                    .steps = 6000, .batch = 64, .n_prompts = 50, .n_tasks = 300,
-                   .prompt_len = 80, .depth_backbone = 1, .depth_score = 1, .depth_target = 1, .groups = "",
+                   .prompt_len = NOT_GIVEN, .chat = -1, .depth_backbone = 1, .depth_score = 1, .depth_target = 1, .groups = "",
                    .seed = 1234};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -215,6 +221,7 @@ static int parse_options(int argc, char **argv, Options *o) {
         if (!strcmp(a, "--json")) { o->json = 1; continue; }
         if (!strcmp(a, "--gpu")) { o->gpu = 1; continue; }
         if (!strcmp(a, "--chat")) { o->chat = 1; continue; }
+        if (!strcmp(a, "--no-chat")) { o->chat = 0; continue; }
         if (i + 1 >= argc) { report_last_option(a, VALUE_OPTIONS); return -1; }
         if (parse_value_option(a, argv[++i], o) != 0) return -1;
     }
@@ -254,7 +261,25 @@ static int read_document(const Options *o, Inputs *in) {
     return in->doc_ids ? 0 : -1;
 }
 
-static int load_inputs(const Options *o, Inputs *in) {
+/* Chat or not (-1: chat for a model with a ChatML template and a text
+ * document), and the length caps that go with it. */
+static int choose_chat(Options *o, const Tokenizer *tok) {
+    int has_template = tok && tok->chat_system;
+    if (o->chat == 1 && !has_template) {
+        fprintf(stderr, "error: --chat needs a tokenizer with a ChatML chat template (a GGUF chat model)\n");
+        return -1;
+    }
+    if (o->chat == -1) {
+        o->chat = has_template && o->doc_text_path && !o->prompts_ids_path;
+        if (o->chat) fprintf(stderr, "the model has a chat template: the document is a chat turn and self-study "
+                             "writes chat tasks (--no-chat: plain text; infer needs --chat)\n");
+    }
+    if (o->prompt_len == NOT_GIVEN) o->prompt_len = o->chat ? 196 : 80;
+    if (o->answer_len == NOT_GIVEN) o->answer_len = o->chat ? 128 : 48;
+    return 0;
+}
+
+static int load_inputs(Options *o, Inputs *in) {
     memset(in, 0, sizeof(*in));
     if (model_load(&in->model, o->model_path) != 0) return -1;
     const Config *c = &in->model.config;
@@ -268,10 +293,7 @@ static int load_inputs(const Options *o, Inputs *in) {
         if (tokenizer_load(&in->tok, tok_path, c->vocab_size) != 0) return -1;
         in->tokp = &in->tok;
     }
-    if (o->chat && (!in->tokp || !in->tok.chat_system)) {
-        fprintf(stderr, "error: --chat needs a tokenizer with a ChatML chat template (a GGUF chat model)\n");
-        return -1;
-    }
+    if (choose_chat(o, in->tokp) != 0) return -1;
     if (o->prompts_text_path && !in->tokp) {
         fprintf(stderr, "error: --prompts needs a tokenizer (-z, or a GGUF model); use --prompt-ids for token ids\n");
         return -1;

@@ -187,7 +187,7 @@ expect_refusal "train with a rho too small for one unit" "budget is too small" \
 # the ids of the tokenizer.bin it was converted from
 gguf=tests/data/gguf_llama.gguf
 printf 'The cat is on the mat. That was it.\nAnd the dog ate the hat in the house.\n' > "$tmp/doc.txt"
-"$bin/train" -m $gguf -d "$tmp/doc.txt" -o "$tmp/gguf.nectar" --steps 100 --n-prompts 30 --prompt-len 12 \
+"$bin/train" -m $gguf -d "$tmp/doc.txt" --no-chat -o "$tmp/gguf.nectar" --steps 100 --n-prompts 30 --prompt-len 12 \
     --json > "$tmp/gguf.json" 2> "$tmp/log" || cat "$tmp/log"
 if [ -s "$tmp/gguf.nectar" ]; then ok "train on a GGUF model and a text document"; else fail "train on a GGUF model"; fi
 got=$("$bin/infer" -m $gguf -d "$tmp/doc.txt" -k "$tmp/gguf.nectar" --eval --json 2> "$tmp/log")
@@ -205,6 +205,12 @@ got=$("$bin/infer" -m $gguf -d "$tmp/doc.txt" -k "$tmp/chat.nectar" --chat -i "W
 [ -n "$got" ] && ok "--chat: modules fitted to a chat turn generate (--compare)" || { fail "--chat --compare"; cat "$tmp/log"; }
 expect_refusal "modules fitted with --chat are refused without it" "add --chat" \
     "$bin/infer" -m $gguf -k "$tmp/chat.nectar" -i "the"
+# a model with a chat template and a text document: train frames it as a chat turn without being told
+"$bin/train" -m $gguf -d "$tmp/doc.txt" -o "$tmp/auto.nectar" --steps 20 --n-prompts 20 --prompt-len 12 \
+    > /dev/null 2> "$tmp/log" || cat "$tmp/log"
+grep -q "^the model has a chat template" "$tmp/log" && "$bin/infer" -m $gguf -k "$tmp/auto.nectar" --chat -i "the" -n 2 \
+    > /dev/null 2>&1 && ok "train picks --chat for a model with a chat template (--no-chat: plain text)" \
+    || fail "train's chat default"
 same=1
 for text in "the cat sat" "Hello, wörld! 123" "two
 lines" "€ 😀"; do
