@@ -56,6 +56,7 @@ void report_last_option(const char *option, const char *value_options) {
 
 void print_progress(const char *what, int done, int total, double t_start) {
     double elapsed = now_seconds() - t_start;
+    if (done < 1) { fprintf(stderr, "\r%s 0/%d  %.1fs  ETA unknown   ", what, total, elapsed); return; }
     fprintf(stderr, "\r%s %d/%d  %.1fs  ETA %.0fs   ", what, done, total, elapsed,
             elapsed / done * (total - done));
 }

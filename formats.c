@@ -537,7 +537,7 @@ static int read_heldout(PromptSet *p, const ModuleFileHeader *h, const unsigned 
     for (int i = 0; i < n; i++) {
         p->challenge[i] = flags[i] != 0;
         ok &= p->offsets[i + 1] > p->offsets[i];
-        ok &= ok && p->question_len[i] >= 0 && p->question_len[i] <= p->offsets[i + 1] - p->offsets[i];
+        ok &= p->question_len[i] >= 0 && p->question_len[i] <= p->offsets[i + 1] - p->offsets[i];
     }
     free(flags);
     return ok ? 0 : -1;

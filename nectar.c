@@ -1429,13 +1429,13 @@ static int after_nodoc_prefix(const PromptSet *p, const int *prompt, int len, in
 /* One prompt through the full-cache, Nectar and no-document models: the
  * next-token predictions at positions 0 .. len-2 against the true next
  * token and against the full cache's. */
-static void count_next_tokens(Evaluation *e, const Model *m, const PromptSet *p, const int *prompt, int len,
-                              EvalResult *r) {
+static int count_next_tokens(Evaluation *e, const Model *m, const PromptSet *p, const int *prompt, int len,
+                             EvalResult *r) {
     int V = m->config.vocab_size;
-    forward(m, &e->sf, &e->full, prompt, len, 0, LOGITS_ALL);
-    forward(m, &e->sn, &e->nectar, prompt, len, 0, LOGITS_ALL);
     int prefix = after_nodoc_prefix(p, prompt, len, e->nodoc_input);
-    forward(m, &e->s0, &NO_DOCUMENT, e->nodoc_input, prefix + len, 0, LOGITS_ALL);
+    if (forward(m, &e->sf, &e->full, prompt, len, 0, LOGITS_ALL) != 0 ||
+        forward(m, &e->sn, &e->nectar, prompt, len, 0, LOGITS_ALL) != 0 ||
+        forward(m, &e->s0, &NO_DOCUMENT, e->nodoc_input, prefix + len, 0, LOGITS_ALL) != 0) return -1;
     for (int t = 0; t + 1 < len; t++) {
         const float *lf = e->sf.logits + (size_t)t * V, *ln = e->sn.logits + (size_t)t * V;
         const float *l0 = e->s0.logits + (size_t)(t + prefix) * V;
@@ -1453,6 +1453,7 @@ static void count_next_tokens(Evaluation *e, const Model *m, const PromptSet *p,
         r->kl_nodoc += kl_divergence(e->lp_full, e->lp_other, V);
         r->n_positions++;
     }
+    return 0;
 }
 
 /* The modules on the queries the full-cache model just saw (its taps),
@@ -1512,54 +1513,61 @@ static void evaluation_means(const Evaluation *e, int L, int H, EvalResult *r) {
     r->n_queries = total;
 }
 
+/* What evaluate checks first: the modules are the document's, the
+ * document (or the no-document prefix) and the longest prompt fit the
+ * context, the prefix's and the prompts' ids the vocabulary. 0, or -1 after
+ * a sentence. */
+static int evaluation_check(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
+                            int max_len) {
+    const Config *c = &m->config;
+    int K = prompts->n_nodoc_prefix;
+    if (ms->n_doc != doc->n) {
+        fprintf(stderr, "error: the modules stand for a document of %d tokens, not %d\n", ms->n_doc, doc->n);
+        return -1;
+    }
+    if ((doc->n > K ? doc->n : K) + max_len > c->seq_len) {
+        fprintf(stderr, "error: the document (%d tokens; without it, the prompts' prefix of %d) plus the longest "
+                "prompt (%d) exceed the context of %d\n", doc->n, K, max_len, c->seq_len);
+        return -1;
+    }
+    if (check_tokens(m, prompts->nodoc_prefix, K, "no-document prefix") != 0) return -1;
+    for (int i = 0; i < prompts->n_prompts; i++)
+        if (check_tokens(m, prompts->tokens + prompts->offsets[i], prompts->offsets[i + 1] - prompts->offsets[i],
+                         "evaluation prompt") != 0) return -1;
+    return 0;
+}
+
 int evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
              int challenge_only, EvalResult *r) {
     const Config *c = &m->config;
     memset(r, 0, sizeof(*r));
     r->score_mse_layer = xmalloc(c->n_layers * sizeof(double));
     r->target_mse_layer = xmalloc(c->n_layers * sizeof(double));
-    int max_len = promptset_max_len(prompts);
-    if (ms->n_doc != doc->n) {
-        fprintf(stderr, "error: the modules stand for a document of %d tokens, not %d\n", ms->n_doc, doc->n);
-        evalresult_free(r);
-        return -1;
-    }
-    if (doc->n + max_len > c->seq_len || prompts->n_nodoc_prefix + max_len > c->seq_len) {
-        fprintf(stderr, "error: document (%d) plus the longest prompt (%d) exceed the context of %d\n",
-                doc->n, max_len, c->seq_len);
-        evalresult_free(r);
-        return -1;
-    }
-    Evaluation e;
-    evaluation_start(&e, m, doc, ms, prompts, max_len);
-    for (int i = 0; i < prompts->n_prompts; i++) {
-        if (challenge_only && !prompts->challenge[i]) continue;
-        const int *prompt = prompts->tokens + prompts->offsets[i];
-        int len = prompts->offsets[i + 1] - prompts->offsets[i];
-        if (check_tokens(m, prompt, len, "evaluation prompt") != 0) {
-            evaluation_free(&e);
-            evalresult_free(r);
-            return -1;
+    int max_len = promptset_max_len(prompts), rc = evaluation_check(m, doc, ms, prompts, max_len);
+    if (rc == 0) {
+        Evaluation e;
+        evaluation_start(&e, m, doc, ms, prompts, max_len);
+        for (int i = 0; i < prompts->n_prompts && rc == 0; i++) {
+            if (challenge_only && !prompts->challenge[i]) continue;
+            int len = prompts->offsets[i + 1] - prompts->offsets[i];
+            r->n_prompts++;
+            rc = count_next_tokens(&e, m, prompts, prompts->tokens + prompts->offsets[i], len, r);
+            if (rc == 0) count_module_fit(&e, m, ms, len, r);
         }
-        r->n_prompts++;
-        count_next_tokens(&e, m, prompts, prompt, len, r);
-        count_module_fit(&e, m, ms, len, r);
+        if (rc == 0) evaluation_means(&e, c->n_layers, c->n_heads, r);
+        evaluation_free(&e);
     }
-    evaluation_means(&e, c->n_layers, c->n_heads, r);
-    evaluation_free(&e);
-    if (!isfinite(r->kl) || !isfinite(r->score_mse) || !isfinite(r->target_mse) || !isfinite(r->rte)) {
+    if (rc == 0 && (!isfinite(r->kl) || !isfinite(r->score_mse) || !isfinite(r->target_mse) || !isfinite(r->rte))) {
         fprintf(stderr, "error: the modules' outputs on the held-out prompts are not finite (KL %g, score MSE %g, "
                 "target MSE %g): they diverged in fitting or are corrupt\n", r->kl, r->score_mse, r->target_mse);
-        evalresult_free(r);
-        return -1;
+        rc = -1;
     }
-    if (evaluate_answers(m, doc, ms, prompts, challenge_only, r) != 0) {
-        evalresult_free(r);
-        return -1;
-    }
-    return 0;
+    if (rc == 0) rc = evaluate_answers(m, doc, ms, prompts, challenge_only, r);
+    if (rc != 0) evalresult_free(r);
+    return rc;
 }
 
+/* ------------------------------------------------------------------------ */
 /* Answers: greedy rollouts after each question                            */
 
 /* The next token of rollout r from logits row `row` (argmax, or drawn by
@@ -1693,16 +1701,21 @@ static void answer_means(EvalResult *r) {
 
 int evaluate_answers(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
                      int challenge_only, EvalResult *r) {
-    int max_question, cap = prompts->answer_cap, K = prompts->n_nodoc_prefix;
+    int max_question, K = prompts->n_nodoc_prefix;
     r->n_answers = answer_prompts(prompts, challenge_only, &max_question);
+    /* the same cap for all three: where the context ends after the document (or the prefix) */
+    int room = m->config.seq_len - (doc->n > K ? doc->n : K) - max_question;
+    int cap = prompts->answer_cap < room ? prompts->answer_cap : room;
+    if (r->n_answers > 0 && cap < 1) {
+        fprintf(stderr, "error: the document (%d tokens) and the longest question (%d) leave no room for an answer "
+                "in the context of %d\n", doc->n, max_question, m->config.seq_len);
+        return -1;
+    }
     r->answer_cap = cap > 0 ? cap : 1;
     r->answer_prompt = xmalloc((r->n_answers + 1) * sizeof(int));
     r->answer_len = xmalloc(((size_t)r->n_answers * 3 + 1) * sizeof(int));
     r->answer_tokens = xmalloc(((size_t)r->n_answers * 3 * r->answer_cap + 1) * sizeof(int));
     if (r->n_answers == 0) return 0;
-    /* the same cap for all three: where the context ends after the document (or the prefix) */
-    int room = m->config.seq_len - (doc->n > K ? doc->n : K) - max_question;
-    if (room < cap) cap = room > 0 ? room : 0;
     int stride = 1 + K + max_question, *nodoc_input = xmalloc((size_t)r->n_answers * stride * sizeof(int));
     for (int i = 0, a = 0; i < prompts->n_prompts; i++) {
         if (prompts->question_len[i] == 0 || (challenge_only && !prompts->challenge[i])) continue;

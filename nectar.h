@@ -587,7 +587,10 @@ char *chat_prompt(const Tokenizer *t, const char *question, int after_document);
 int *encode_document(const Tokenizer *t, const char *text, int chat, int max, int *n);
 int *encode_prompt(const Tokenizer *t, const char *text, int chat, int after_document, int max, int *n);
 /* A prompt set's conventions (PromptSet): its answers end with a chat
- * model's end of turn (EOS), or a text model's newline, or BOS; without the
+ * model's `<|im_end|>` or `<|endoftext|>` (EOS where the vocabulary has
+ * neither as one token), or a text model's newline (its single-newline
+ * token: a token holding a newline among other text does not stop) or BOS;
+ * without the
  * document a prompt follows the document's own opening (BOS, or the chat
  * turn's start: encode_document of ""). No tokenizer (token ids and a
  * llama2.c checkpoint): BOS = 1 opens a sequence and ends an answer. */

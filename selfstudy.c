@@ -129,6 +129,12 @@ static void make_spans(const SelfStudyOptions *o, const SelfStudyInputs *in, Pro
     free(buf);
 }
 
+/* rollouts, for self-study's own run states: its failure (a sentence
+ * already printed) ends the program, as no prompt set can be made. */
+static void generate(const SelfStudyInputs *in, RunState *s, const int stop[2], Sampler *sampler, Rollout *r, int n) {
+    if (rollouts(in->model, s, in->doc, stop, sampler, r, n) != 0) exit(1);
+}
+
 /* The full-cache model's greedy answer after a question of n tokens (see
  * rollouts), at most cap tokens, into answer; returns its length. */
 static int full_cache_answer(const SelfStudyInputs *in, const int *question, int n, const int stop[2], int cap,
@@ -137,9 +143,9 @@ static int full_cache_answer(const SelfStudyInputs *in, const int *question, int
     RunState s;
     runstate_alloc(&s, in->model, in->doc, n, n + cap);
     Rollout one = {question, n, cap, answer, 0};
-    int rc = rollouts(in->model, &s, in->doc, stop, NULL, &one, 1);
+    generate(in, &s, stop, NULL, &one, 1);
     runstate_free(&s);
-    return rc == 0 ? one.len : 0;
+    return one.len;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -197,7 +203,7 @@ static int sample_task_text(const SelfStudyInputs *in, const TaskFormat *f, int 
                             Sampler *sampler, char *text, int room) {
     const Model *m = in->model;
     const Tokenizer *tok = in->tok;
-    int seed[64], n_seed = tokenizer_encode(tok, f->seed, 0, 0, seed, 64), len = 0, ok = 0;
+    int seed[64], n_seed = tokenizer_encode(tok, f->seed, 0, 0, seed, 64), len = 0, ok = 0;  /* (64) the seed's ids */
     int max_tokens = cap - n_seed;
     if (n_seed < 1 || max_tokens < 1) return -1;
     RunState s;
@@ -327,8 +333,8 @@ static void make_tasks(const SelfStudyOptions *o, const SelfStudyInputs *in, con
 
 /* A chat model writes and answers requests about the document in its own
  * chat turn (after the document, as a user would ask). The document's text
- * is cut into chunks of about CHUNK_CHARS at sentence ends; for each chunk
- * in turn one request, of the kinds in turn:
+ * is cut into chunks of about CHUNK_CHARS at sentence ends; the requests go
+ * to the chunks in turn, and their kinds take turns within each chunk:
  *   question:  the model, shown the chunk, writes a question about it
  *              (sampled, temperature 0.7, top-p 0.9): CHAT_ASK below;
  *   quote:     "Quote the sentence of the document that begins with "...""
@@ -363,11 +369,13 @@ static int document_chunks(const char *text, int max, int *start, int *end) {
 }
 
 /* The first `words` words of text from `at` (within its chunk, at most up
- * to `end`, on one line) into out, malloc'd with spaces between them. */
+ * to `end`, on one line, at most WORDS_CHARS bytes: a text without spaces
+ * has no words) into out, malloc'd with spaces between them. */
+enum { WORDS_CHARS = 160 };
 static char *first_words(const char *text, int at, int end, int words) {
-    char *out = xmalloc((size_t)(end - at) + 1);
+    char *out = xmalloc((size_t)(end - at) + 1);  /* (end - at + 1) */
     int len = 0, count = 0;
-    for (int i = at; i < end && count < words; i++) {
+    for (int i = at; i < end && count < words && len < WORDS_CHARS; i++) {
         char ch = text[i] == '\n' ? ' ' : text[i];
         if (ch == ' ' && (len == 0 || out[len - 1] == ' ')) continue;
         if (ch == ' ') count++;
@@ -381,7 +389,7 @@ static char *first_words(const char *text, int at, int end, int words) {
 /* The start of a sentence of the chunk [at, end), picked with rng: the
  * chunk's start or just after a sentence end inside it. */
 static int sentence_start(const char *text, int at, int end, uint64_t *rng) {
-    int starts[256], n = 0;
+    int starts[256], n = 0;  /* (256) the first sentence starts */
     starts[n++] = at;
     for (int i = at + 1; i + 1 < end && n < 256; i++)
         if (text[i - 1] == '.' && (text[i] == ' ' || text[i] == '\n')) {
@@ -417,20 +425,6 @@ static int question_well_formed(const char *q) {
     return n >= 16 && n <= 300 && q[n - 1] == '?' && !strchr(q, '\n');
 }
 
-/* One batch's generations (rollouts, s sized for CHAT_BATCH of them): the
- * prompts (ids[k], n[k]) with caps, into out[k] (room cap[k]); len[k] the
- * lengths, or -1 when rollout k did not reach a stop token. */
-static void chat_generate(const SelfStudyInputs *in, RunState *s, int **ids, const int *n, const int *cap,
-                          Sampler *sampler, const int stop[2], int **out, int *len, int count) {
-    Rollout r[CHAT_BATCH];
-    for (int k = 0; k < count; k++) r[k] = (Rollout){ids[k], n[k], cap[k], out[k], 0};
-    int ok = rollouts(in->model, s, in->doc, stop, sampler, r, count) == 0;
-    for (int k = 0; k < count; k++) {
-        int last = r[k].len > 0 ? out[k][r[k].len - 1] : -1;
-        len[k] = ok && (last == stop[0] || last == stop[1]) ? r[k].len : -1;
-    }
-}
-
 enum { REQUEST_MAX = 256, QUESTION_CAP = 64 };  /* tokens of a request; of a question the model writes */
 
 /* A request's ids as a prompt after the document (the end of the user's
@@ -443,60 +437,81 @@ static int encode_request(const Tokenizer *tok, const char *text, int *ids, int 
     return n;
 }
 
-/* A chat round's buffers: CHAT_BATCH requests, their ids and generations. */
+/* A chat round: CHAT_BATCH requests, their ids and generations. */
 typedef struct {
     char *request[CHAT_BATCH];  /* each request's text (NULL: dropped) */
     int kind[CHAT_BATCH];
-    int *ids[CHAT_BATCH];       /* (REQUEST_MAX + answer cap) its prompt, then the answer */
-    int *gen[CHAT_BATCH];       /* (max(QUESTION_CAP, answer cap)) a generation */
+    int *ids[CHAT_BATCH];       /* (REQUEST_MAX + answer cap) its prompt (n tokens), then the answer */
+    int *gen[CHAT_BATCH];       /* (max(QUESTION_CAP, answer cap)) a generation (len tokens, at most cap) */
+    int n[CHAT_BATCH], cap[CHAT_BATCH], len[CHAT_BATCH];
     int count;
 } ChatRound;
+
+/* The generations of the round's requests at[0..m) (rollouts, s sized for
+ * CHAT_BATCH of them) after their ids: len -1 when one did not reach a stop
+ * token. */
+static void chat_generate(const SelfStudyInputs *in, RunState *s, Sampler *sampler, const int stop[2], ChatRound *cr,
+                          const int *at, int m) {
+    Rollout r[CHAT_BATCH];
+    for (int j = 0; j < m; j++) r[j] = (Rollout){cr->ids[at[j]], cr->n[at[j]], cr->cap[at[j]], cr->gen[at[j]], 0};
+    generate(in, s, stop, sampler, r, m);
+    for (int j = 0; j < m; j++) {
+        int last = r[j].len > 0 ? r[j].answer[r[j].len - 1] : -1;
+        cr->len[at[j]] = last == stop[0] || last == stop[1] ? r[j].len : -1;
+    }
+}
 
 /* The model's question for each CHAT_QUESTION request of the round: the
  * request replaced by it, or dropped when it is not well formed. */
 static void chat_write_questions(const SelfStudyInputs *in, RunState *s, Sampler *sampler, const int stop[2],
                                  ChatRound *cr) {
-    int idx[CHAT_BATCH], n[CHAT_BATCH], cap[CHAT_BATCH], len[CHAT_BATCH], m = 0, *ids[CHAT_BATCH], *gen[CHAT_BATCH];
+    int at[CHAT_BATCH], m = 0;  /* (CHAT_BATCH) the requests that ask for a question */
     for (int k = 0; k < cr->count; k++) {
         if (cr->kind[k] != CHAT_QUESTION) continue;
-        n[m] = encode_request(in->tok, cr->request[k], cr->ids[k], REQUEST_MAX);
+        cr->n[k] = encode_request(in->tok, cr->request[k], cr->ids[k], REQUEST_MAX);
+        cr->cap[k] = QUESTION_CAP;
         free(cr->request[k]);
         cr->request[k] = NULL;
-        if (n[m] < 0) continue;
-        ids[m] = cr->ids[k]; gen[m] = cr->gen[k]; cap[m] = QUESTION_CAP; idx[m++] = k;
+        if (cr->n[k] > 0) at[m++] = k;
     }
-    chat_generate(in, s, ids, n, cap, sampler, stop, gen, len, m);
+    chat_generate(in, s, sampler, stop, cr, at, m);
     for (int j = 0; j < m; j++) {
-        if (len[j] < 1) continue;
-        char *q = decoded_text(in->tok, gen[j], len[j] - 1);  /* without its end of turn */
-        char *text = q;
+        int k = at[j];
+        if (cr->len[k] < 1) continue;
+        char *q = decoded_text(in->tok, cr->gen[k], cr->len[k] - 1), *text = q;  /* without its end of turn */
         while (*text == ' ' || *text == '\n') text++;
         for (size_t e = strlen(text); e > 0 && (text[e - 1] == ' ' || text[e - 1] == '\n'); e--) text[e - 1] = 0;
-        if (question_well_formed(text)) { cr->request[idx[j]] = xmalloc(strlen(text) + 1); strcpy(cr->request[idx[j]], text); }
-        free(q);
+        if (!question_well_formed(text)) { free(q); continue; }
+        memmove(q, text, strlen(text) + 1);
+        cr->request[k] = q;
     }
 }
 
 /* The full cache's answer to each request of the round that is new, within
- * the caps; each one answered to the end of its turn becomes a task. */
+ * the caps; each one answered to the end of its turn becomes a task, up to
+ * `room` of them. */
 static void chat_answer_requests(const SelfStudyOptions *o, const SelfStudyInputs *in, RunState *s,
-                                 const int stop[2], ChatRound *cr, PromptBuilder *b, int *kept) {
-    int idx[CHAT_BATCH], n[CHAT_BATCH], cap[CHAT_BATCH], len[CHAT_BATCH], m = 0, *ids[CHAT_BATCH], *gen[CHAT_BATCH];
+                                 const int stop[2], ChatRound *cr, PromptBuilder *b, int *kept, int room) {
+    int at[CHAT_BATCH], m = 0;  /* (CHAT_BATCH) the new requests */
+    int limit = o->prompt_len - 1 < REQUEST_MAX ? o->prompt_len - 1 : REQUEST_MAX;  /* the room of ids[k] */
     for (int k = 0; k < cr->count; k++) {
         if (!cr->request[k]) continue;
-        int nq = encode_request(in->tok, cr->request[k], cr->ids[k], o->prompt_len - 1), repeat = nq < 0;
+        int nq = encode_request(in->tok, cr->request[k], cr->ids[k], limit), repeat = nq < 0;
         for (int j = 0; j < m && !repeat; j++)
-            repeat = n[j] == nq && !memcmp(ids[j], cr->ids[k], nq * sizeof(int));
+            repeat = cr->n[at[j]] == nq && !memcmp(cr->ids[at[j]], cr->ids[k], nq * sizeof(int));
         if (repeat || has_question(b, cr->ids[k], nq)) continue;
-        n[m] = nq; ids[m] = cr->ids[k]; gen[m] = cr->gen[k]; idx[m++] = k;
-        cap[m - 1] = o->prompt_len - nq < o->answer_len ? o->prompt_len - nq : o->answer_len;
+        cr->n[k] = nq;
+        cr->cap[k] = o->prompt_len - nq < o->answer_len ? o->prompt_len - nq : o->answer_len;
+        at[m++] = k;
     }
-    chat_generate(in, s, ids, n, cap, NULL, stop, gen, len, m);
-    for (int j = 0; j < m; j++) {
-        if (len[j] < 2) continue;  /* no answer before the end of the turn */
-        memcpy(ids[j] + n[j], gen[j], len[j] * sizeof(int));
-        add_prompt(b, ids[j], n[j] + len[j], n[j]);
-        kept[cr->kind[idx[j]]]++;
+    chat_generate(in, s, NULL, stop, cr, at, m);
+    for (int j = 0; j < m && room > 0; j++) {
+        int k = at[j];
+        if (cr->len[k] < 2) continue;  /* no answer before the end of the turn */
+        memcpy(cr->ids[k] + cr->n[k], cr->gen[k], cr->len[k] * sizeof(int));
+        add_prompt(b, cr->ids[k], cr->n[k] + cr->len[k], cr->n[k]);
+        kept[cr->kind[k]]++;
+        room--;
     }
 }
 
@@ -507,7 +522,7 @@ static void chat_answer_requests(const SelfStudyOptions *o, const SelfStudyInput
 static void make_chat_tasks(const SelfStudyOptions *o, const SelfStudyInputs *in, const int stop[2],
                             PromptBuilder *b) {
     enum { MAX_CHUNKS = 4096 };
-    int *start = xmalloc(MAX_CHUNKS * sizeof(int)), *end = xmalloc(MAX_CHUNKS * sizeof(int));
+    int *start = xmalloc(MAX_CHUNKS * sizeof(int)), *end = xmalloc(MAX_CHUNKS * sizeof(int));  /* (MAX_CHUNKS) */
     int n_chunks = document_chunks(in->doc_text, MAX_CHUNKS, start, end), kept[CHAT_KINDS] = {0}, tries = 0;
     int gen_cap = o->answer_len > QUESTION_CAP ? o->answer_len : QUESTION_CAP, done = 0;
     RunState s;
@@ -528,10 +543,10 @@ static void make_chat_tasks(const SelfStudyOptions *o, const SelfStudyInputs *in
             cr.request[cr.count] = chat_request(in->doc_text, start[chunk], end[chunk], cr.kind[cr.count], &rng);
         }
         chat_write_questions(in, &s, &sampler, stop, &cr);
-        chat_answer_requests(o, in, &s, stop, &cr, b, kept);
+        chat_answer_requests(o, in, &s, stop, &cr, b, kept, o->n_tasks - done);
         for (int k = 0; k < cr.count; k++) free(cr.request[k]);
         done = kept[0] + kept[1] + kept[2] + kept[3];
-        print_progress("tasks", done < o->n_tasks ? done : o->n_tasks, o->n_tasks, t0);
+        print_progress("tasks", done, o->n_tasks, t0);
     }
     fprintf(stderr, "\rtasks from %d chunks: %d %s, %d %s, %d %s, %d %s kept of %d requests (the rest not well "
             "formed, repeats, or unanswered within the caps)\n", n_chunks, kept[0], CHAT_KIND_NAMES[0], kept[1],

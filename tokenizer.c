@@ -483,12 +483,23 @@ static int newline_token(const Tokenizer *t) {
     return tokenizer_encode(t, "\n", 0, 0, ids, 4) == 1 ? ids[0] : -1;
 }
 
+/* The one id a control token's text encodes as, or fallback. */
+static int control_token(const Tokenizer *t, const char *text, int fallback) {
+    int ids[4];
+    return tokenizer_encode(t, text, 0, 0, ids, 4) == 1 ? ids[0] : fallback;
+}
+
 void answer_conventions(const Tokenizer *t, int chat, PromptSet *p) {
     int n = 1, *prefix = t ? encode_document(t, "", chat, MAX_NODOC_PREFIX, &n) : NULL;
     free(p->nodoc_prefix);
     p->nodoc_prefix = prefix ? prefix : xmalloc(sizeof(int));
     p->n_nodoc_prefix = prefix ? n : 1;
     if (!prefix) p->nodoc_prefix[0] = 1;  /* llama2.c's BOS */
-    p->answer_stop[0] = !t ? -1 : chat ? t->eos_id : newline_token(t);
-    p->answer_stop[1] = t ? t->bos_id : 1;
+    if (t && chat) {  /* ChatML: the end of the turn, or the end of the text */
+        p->answer_stop[0] = control_token(t, "<|im_end|>", t->eos_id);
+        p->answer_stop[1] = control_token(t, "<|endoftext|>", t->eos_id);
+    } else {          /* a text model's line (the single-newline token), or a new sequence */
+        p->answer_stop[0] = t ? newline_token(t) : -1;
+        p->answer_stop[1] = t ? t->bos_id : 1;
+    }
 }

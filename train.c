@@ -42,6 +42,7 @@ typedef struct {
     ModuleArch arch;
     float rho, lr, weight_decay, warmup_fraction, lambda_alpha, lambda_A, lambda_kl;
     int steps, batch, kl_prompts, n_prompts, n_tasks, prompt_len, answer_len, checkpoint_every, stop_after, json;
+    int teacher_logits_mb;  /* the teacher's logits are kept up to this size, else recomputed */
     int gpu;
     int chat;  /* 1: --chat, 0: --no-chat, -1: as the model is (load_inputs decides) */
     int depth_backbone, depth_score, depth_target;
@@ -78,10 +79,13 @@ static void usage(FILE *f) {
         "  --lambda-A X      target loss weight (presets: 1; kl 0)\n"
         "  --lambda-kl X     KL distillation weight (presets: kl and mixed 1, regression 0)\n"
         "  --kl-prompts N    training prompts per step for the KL term (default 2)\n"
+        "  --teacher-logits-mb N  the KL term's teacher logits are kept from the teacher pass up to N MB,\n"
+        "                    else recomputed at each step (default 1024)\n"
         "  --n-prompts N     self-study spans and continuations of the document (default 50)\n"
         "  --tasks N         self-study task prompts (needs a tokenizer): the full-cache model writes\n"
-        "                    quote, continue and question tasks about the document and answers them;\n"
-        "                    at most N, from 8 N tries, a third of each kind (default 300)\n"
+        "                    tasks about the document and answers them: quote, continue and question\n"
+        "                    tasks, a third each, from 8 N tries; with --chat, questions it writes\n"
+        "                    and quote, continue and summary requests, from 4 N (default 300)\n"
         "  --prompt-len N    prompt length cap in tokens, answer included (default 80; 196 with --chat)\n"
         "  --prompts FILE    extra prompts, one per line (text, needs -z; \\n is a newline)\n"
         "  --prompt-ids FILE extra prompts, one per line (token ids)\n"
@@ -100,7 +104,7 @@ static void usage(FILE *f) {
 /* the options that take a value, for the message when one comes last */
 static const char VALUE_OPTIONS[] = " -m -z -d -D -o --prompts --prompt-ids --checkpoint --resume --groups --arch --depths "
     "--rho --lr --wd --warmup --lambda-alpha --lambda-A --lambda-kl --kl-prompts --loss --steps --batch --n-prompts "
-    "--tasks --prompt-len --answer-len --checkpoint-every --stop-after -s ";
+    "--tasks --teacher-logits-mb --prompt-len --answer-len --checkpoint-every --stop-after -s ";
 
 /* The options with a word for a value: --arch, --depths, --loss. 1 if a is
  * one of them, -1 after a sentence when its value is not one they take. */
@@ -142,10 +146,11 @@ static int parse_value_option(const char *a, const char *v, Options *o) {
     for (int k = 0; k < 7; k++)
         if (!strcmp(a, float_names[k])) return parse_float_option(a, v, floats[k]);
     int *ints[] = {&o->kl_prompts, &o->steps, &o->batch, &o->n_prompts, &o->n_tasks, &o->prompt_len,
-                   &o->answer_len, &o->checkpoint_every, &o->stop_after};
+                   &o->answer_len, &o->checkpoint_every, &o->stop_after, &o->teacher_logits_mb};
     static const char *int_names[] = {"--kl-prompts", "--steps", "--batch", "--n-prompts", "--tasks",
-                                      "--prompt-len", "--answer-len", "--checkpoint-every", "--stop-after"};
-    for (int k = 0; k < 9; k++)
+                                      "--prompt-len", "--answer-len", "--checkpoint-every", "--stop-after",
+                                      "--teacher-logits-mb"};
+    for (int k = 0; k < 10; k++)
         if (!strcmp(a, int_names[k])) return parse_int_option(a, v, ints[k]);
     if (!strcmp(a, "-s")) return parse_seed_option(a, v, &o->seed);
     fprintf(stderr, "error: unknown option '%s' (see --help)\n", a);
@@ -171,10 +176,12 @@ static const char *finish_options(Options *o) {
     if (!depths_valid(o->depth_backbone, o->depth_score, o->depth_target) ||
         o->depth_backbone + o->depth_score + o->depth_target < 1)
         return "--depths B,S,T must be >= 0 with 1 <= B+S+T <= 64";
-    if (o->steps < 0 || o->batch < 1 || o->n_prompts < 0 || o->n_tasks < 0 || (o->prompt_len != NOT_GIVEN && o->prompt_len < 2) ||
-        (o->answer_len != NOT_GIVEN && o->answer_len < 0) || o->stop_after < 0 || o->checkpoint_every < 0)
+    if (o->steps < 0 || o->batch < 1 || o->n_prompts < 0 || o->n_tasks < 0 ||
+        (o->prompt_len != NOT_GIVEN && o->prompt_len < 2) || (o->answer_len != NOT_GIVEN && o->answer_len < 0) ||
+        o->stop_after < 0 || o->checkpoint_every < 0 || o->teacher_logits_mb < 0 || o->teacher_logits_mb > (1 << 24))
         return "need --steps >= 0 (0: evaluate the initial modules), --batch >= 1, --n-prompts >= 0, --tasks >= 0, "
-               "--prompt-len >= 2, --answer-len >= 0, --stop-after >= 0 and --checkpoint-every >= 0";
+               "--prompt-len >= 2, --answer-len >= 0, --stop-after >= 0, --checkpoint-every >= 0 and "
+               "--teacher-logits-mb in 0..16777216";
     if (!(o->lr > 0) || o->weight_decay < 0 || o->warmup_fraction < 0 || o->warmup_fraction >= 1)
         return "need --lr > 0, --wd >= 0 and --warmup in [0, 1)";
     if (o->lambda_alpha < 0 || o->lambda_A < 0 || o->lambda_kl < 0 || o->lambda_alpha + o->lambda_A + o->lambda_kl == 0)
@@ -213,7 +220,7 @@ static int parse_options(int argc, char **argv, Options *o) {
     *o = (Options){.arch = ARCH_MLP, .rho = 0.1f, .lr = 3e-2f, .warmup_fraction = 0.05f,
                    .lambda_alpha = NAN, .lambda_A = NAN, .lambda_kl = NAN, .kl_prompts = 2, .answer_len = NOT_GIVEN,
                    .steps = 6000, .batch = 64, .n_prompts = 50, .n_tasks = 300,
-                   .prompt_len = NOT_GIVEN, .chat = -1, .depth_backbone = 1, .depth_score = 1, .depth_target = 1, .groups = "",
+                   .prompt_len = NOT_GIVEN, .chat = -1, .teacher_logits_mb = 1024, .depth_backbone = 1, .depth_score = 1, .depth_target = 1, .groups = "",
                    .seed = 1234};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -342,9 +349,10 @@ typedef struct {
 } TeacherData;
 
 /* The training prompts' places in P (td->prompt, td->start), and room for
- * their targets (and logits when keep_logits). */
-static void teacher_alloc(const Config *c, const PromptSet *p, const unsigned char *is_train, int keep_logits,
-                          TeacherData *td) {
+ * their targets, and for their logits when want_logits and they take at
+ * most logits_budget bytes (else the KL term recomputes them). */
+static void teacher_alloc(const Config *c, const PromptSet *p, const unsigned char *is_train, int want_logits,
+                          size_t logits_budget, TeacherData *td) {
     int L = c->n_layers, D = c->dim, H = c->n_heads;
     FitTargets *f = &td->fit;
     f->P = 0;
@@ -357,9 +365,12 @@ static void teacher_alloc(const Config *c, const PromptSet *p, const unsigned ch
         td->start[td->n_train++] = f->P;
         f->P += p->offsets[i + 1] - p->offsets[i];
     }
-    size_t bytes = (size_t)f->P * ((size_t)L * (2 * D + H) + (keep_logits ? c->vocab_size : 0)) * sizeof(float);
-    fprintf(stderr, "teacher pass: %d prompts, %ld training positions, %.1f MB of targets\n",
-            p->n_prompts, f->P, bytes / 1e6);
+    size_t logit_bytes = (size_t)f->P * c->vocab_size * sizeof(float);
+    int keep_logits = want_logits && logit_bytes <= logits_budget;
+    size_t bytes = (size_t)f->P * L * (2 * D + H) * sizeof(float) + (keep_logits ? logit_bytes : 0);
+    fprintf(stderr, "teacher pass: %d prompts, %ld training positions, %.1f MB of targets%s\n", p->n_prompts, f->P,
+            bytes / 1e6, want_logits && !keep_logits ? " (its logits, above --teacher-logits-mb, are recomputed "
+            "at each KL step)" : "");
     f->q = xmalloc((size_t)L * f->P * D * sizeof(float));
     f->A = xmalloc((size_t)L * f->P * D * sizeof(float));
     f->alpha = xmalloc((size_t)L * f->P * H * sizeof(float));
@@ -393,18 +404,19 @@ static void teacher_record(const Config *c, const RunState *s, int row, int len,
  * rows): train prompts (is_train[i]) are recorded into td; every prompt
  * gets an embedding (D). */
 enum { TEACHER_SEQS = 8, TEACHER_ROWS = 256 };
-static void teacher_pass(const Model *m, const Document *doc, const PromptSet *p, const unsigned char *is_train,
-                         int keep_logits, TeacherData *td, float *embed) {
+static int teacher_pass(const Model *m, const Document *doc, const PromptSet *p, const unsigned char *is_train,
+                        int want_logits, size_t logits_budget, TeacherData *td, float *embed) {
     const Config *c = &m->config;
     int max_len = promptset_max_len(p), block = max_len > TEACHER_ROWS ? max_len : TEACHER_ROWS;
-    teacher_alloc(c, p, is_train, keep_logits, td);
+    teacher_alloc(c, p, is_train, want_logits, logits_budget, td);
     RunState s;
     runstate_alloc_seqs(&s, m, doc, block, max_len, TEACHER_SEQS);
     runstate_enable_taps(&s, m);
     Segment seg[TEACHER_SEQS];
     long at = 0;
+    int rc = 0;
     double t0 = now_seconds();
-    for (int i = 0; i < p->n_prompts;) {
+    for (int i = 0; i < p->n_prompts && rc == 0;) {
         int n = 0, rows = 0;  /* the next prompts that fit one block */
         for (; n < TEACHER_SEQS && i + n < p->n_prompts; n++) {
             int len = p->offsets[i + n + 1] - p->offsets[i + n];
@@ -412,8 +424,8 @@ static void teacher_pass(const Model *m, const Document *doc, const PromptSet *p
             seg[n] = (Segment){p->tokens + p->offsets[i + n], len, n, 0};
             rows += len;
         }
-        forward_segments(m, &s, doc, seg, n, LOGITS_ALL);
-        for (int k = 0, row = 0; k < n; row += seg[k].ntok, k++) {
+        rc = forward_segments(m, &s, doc, seg, n, LOGITS_ALL);
+        for (int k = 0, row = 0; k < n && rc == 0; row += seg[k].ntok, k++) {
             teacher_record(c, &s, row, seg[k].ntok, i + k, is_train[i + k], at, td, embed);
             if (is_train[i + k]) at += seg[k].ntok;
         }
@@ -422,6 +434,7 @@ static void teacher_pass(const Model *m, const Document *doc, const PromptSet *p
     }
     fprintf(stderr, "\n");
     runstate_free(&s);
+    return rc;
 }
 
 /* Challenge split: the held-out prompts whose embedding is least similar
@@ -678,6 +691,8 @@ typedef struct {
     ModuleSet *ms;
     const TeacherData *td;
     const PromptSet *prompts;
+    const Document *doc;    /* the exact document: the KL term's teacher, where td keeps no logits */
+    RunState teacher;       /* its run state then */
     float weight_alpha, weight_A;  /* lambda_alpha / Var(alpha), lambda_A / sum_k Var(A_k) */
     Adam adam;
     float *dlogits;         /* (max_len, V) the KL term's gradient, or NULL without one */
@@ -841,10 +856,12 @@ static void kl_terms(Fit *f, const FitBackend *be, uint64_t *rng, double *loss) 
     }
     for (int k = 0; k < o->kl_prompts; k++) {
         int i = td->prompt[pick[k]], len = all->offsets[i + 1] - all->offsets[i];
-        const float *teacher = td->logits + (size_t)td->start[pick[k]] * V;
+        const int *tokens = all->tokens + all->offsets[i];
+        if (!td->logits) forward(f->model, &f->teacher, f->doc, tokens, len, 0, LOGITS_ALL);  /* recomputed */
+        const float *teacher = td->logits ? td->logits + (size_t)td->start[pick[k]] * V : f->teacher.logits;
         /* kl_loss averages over this prompt's positions; weigh by its share of all of them */
         float share = (float)len / positions;
-        double kl = be->kl(f, all->tokens + all->offsets[i], len, teacher, o->lambda_kl * share);
+        double kl = be->kl(f, tokens, len, teacher, o->lambda_kl * share);
         *loss += o->lambda_kl * kl * share;
     }
 }
@@ -972,7 +989,8 @@ int main(int argc, char **argv) {
     /* 3. teacher pass, challenge split */
     TeacherData td;
     float *embed = xmalloc((size_t)all->n_prompts * c->dim * sizeof(float));
-    teacher_pass(&in.model, &in.doc, all, is_train, o.lambda_kl > 0, &td, embed);
+    if (teacher_pass(&in.model, &in.doc, all, is_train, o.lambda_kl > 0, (size_t)o.teacher_logits_mb << 20, &td,
+                     embed) != 0) return 1;
     mark_challenge(all, is_train, embed, c->dim);
     free(embed);
 
@@ -983,13 +1001,15 @@ int main(int argc, char **argv) {
     else quad_init_from_cache(&ms, &in.cache);
 
     /* 5. fitting, from a checkpoint with --resume */
-    Fit fit = {.o = &o, .model = &in.model, .ms = &ms, .td = &td, .prompts = all,
+    Fit fit = {.o = &o, .model = &in.model, .ms = &ms, .td = &td, .prompts = all, .doc = &in.doc,
                .adam = {xmalloc(ms.n_params * sizeof(float)), xmalloc(ms.n_params * sizeof(float)), 0}};
     double var_alpha, var_A;
     regression_normalisers(&td.fit, c, &var_alpha, &var_A);
     fit.weight_alpha = (float)(o.lambda_alpha / var_alpha);
     fit.weight_A = (float)(o.lambda_A / var_A);
-    if (o.lambda_kl > 0) fit.dlogits = xmalloc((size_t)promptset_max_len(all) * c->vocab_size * sizeof(float));
+    int max_len = promptset_max_len(all);
+    if (o.lambda_kl > 0) fit.dlogits = xmalloc((size_t)max_len * c->vocab_size * sizeof(float));
+    if (o.lambda_kl > 0 && !td.logits) runstate_alloc(&fit.teacher, &in.model, &in.doc, max_len, max_len);
     uint64_t run_hash = run_fingerprint(&o, &in, all);
     if (o.resume_path && resume(&o, &fit, run_hash) != 0) return 1;
     int last_step = o.stop_after > 0 && o.stop_after < o.steps ? o.stop_after : o.steps;
@@ -1009,6 +1029,7 @@ int main(int argc, char **argv) {
     if (evaluate_and_save(&o, &in, &ms, fit_seconds, t_start) != 0) return 1;
 
     free(fit.adam.m); free(fit.adam.v); free(fit.dlogits); free(is_train);
+    runstate_free(&fit.teacher);
     free(td.fit.q); free(td.fit.A); free(td.fit.alpha); free(td.logits); free(td.prompt); free(td.start);
     moduleset_free(&ms);
     promptset_free(all);

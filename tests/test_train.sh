@@ -125,6 +125,14 @@ train -o "$tmp/answers.nectar" --steps 200 --prompt-ids "$tmp/questions.ids" --a
 [ "$(grep -c '^\[' "$tmp/answers.list")" -eq "$n" ] && [ "$(grep -c '^    Nectar: ' "$tmp/answers.list")" -eq "$n" ] \
     && grep -q "^random split: Nectar's answer equals the full cache's on" "$tmp/answers.list" \
     && ok "infer --eval --answers: each held-out task prompt, then the match" || fail "infer --eval --answers"
+# the KL term's teacher logits recomputed at each step (--teacher-logits-mb 0) instead of kept: the same fit,
+# but for the last bits of the batched teacher pass against a prompt alone
+train -o "$tmp/kl_kept.nectar" --steps 30 --loss kl --json > "$tmp/kl_kept.json" 2> /dev/null
+train -o "$tmp/kl_redo.nectar" --steps 30 --loss kl --teacher-logits-mb 0 --json > "$tmp/kl_redo.json" 2> "$tmp/log"
+a=$(json "$tmp/kl_kept.json" random kl) b=$(json "$tmp/kl_redo.json" random kl)
+echo "    KL after 30 steps: $a (logits kept), $b (recomputed)"
+grep -q "recomputed at each KL step" "$tmp/log" && is "($a - $b)^2 <= (1e-4 * $a)^2 && $a > 0" \
+    && ok "--teacher-logits-mb 0: the teacher's logits recomputed give the same KL fit (1e-4)" || fail "recomputed teacher logits: '$a' '$b'"
 # self-study tasks: the default model writes its own tasks about its document and answers them to the newline
 if [ -f data/model.bin ]; then
     "$bin/pretrain" --write-doc "$tmp/doc0" 2> /dev/null && cmp -s "$tmp/doc0/doc.txt" data/doc.txt && \
