@@ -785,6 +785,47 @@ static void print_fitting(const Config *c, const Fitting *f) {
         printf("  against a reused KV cache Nectar saves no time per request: no break-even (it saves memory only)\n");
 }
 
+/* Many prompts in one forward: ROLLOUTS greedy rollouts of DECODE tokens
+ * after PROMPT-token prompts and a document of n tokens, one at a time and
+ * all in one batch (rollouts: each decode step one forward of every
+ * sequence, one matrix product per weight); generated tokens/s of each. */
+enum { ROLLOUTS = 16 };
+typedef struct { int n; double one_tps, batch_tps; } Batching;
+
+static Batching batched_rollouts(const Model *m, int n) {
+    Batching b = {n, 0, 0};
+    int *doc_ids = bench_document(n), *prompts = xmalloc(ROLLOUTS * PROMPT * sizeof(int));  /* (ROLLOUTS, PROMPT) */
+    int *answers = xmalloc(ROLLOUTS * DECODE * sizeof(int));                                /* (ROLLOUTS, DECODE) */
+    for (int i = 0; i < ROLLOUTS * PROMPT; i++) prompts[i] = 3 + (int)((i * 40503u) % 256u);
+    DocCache cache;
+    if (doccache_build(&cache, m, doc_ids, n, 256) != 0) exit(1);
+    Document doc = {DOC_EXACT, n, &cache, NULL};
+    const int no_stop[2] = {-1, -1};
+    Rollout r[ROLLOUTS];
+    for (int batch = 1; batch <= ROLLOUTS; batch *= ROLLOUTS) {  /* 1, then all of them */
+        RunState s;
+        runstate_alloc_seqs(&s, m, &doc, PROMPT * batch, PROMPT + DECODE, batch);
+        double t0 = now_seconds();
+        for (int first = 0; first < ROLLOUTS; first += batch) {
+            for (int k = 0; k < batch; k++)
+                r[k] = (Rollout){prompts + (first + k) * PROMPT, PROMPT, DECODE, answers + (first + k) * DECODE, 0};
+            if (rollouts(m, &s, &doc, no_stop, NULL, r, batch) != 0) exit(1);
+        }
+        double tps = ROLLOUTS * DECODE / (now_seconds() - t0);
+        *(batch == 1 ? &b.one_tps : &b.batch_tps) = tps;
+        runstate_free(&s);
+    }
+    doccache_free(&cache);
+    free(doc_ids); free(prompts); free(answers);
+    return b;
+}
+
+static void print_batching(const Batching *b) {
+    printf("many prompts in one forward: %d greedy rollouts of %d tokens after %d-token prompts and a %d-token "
+           "document: one at a time %.1f tokens/s, all %d in one forward a step %.1f tokens/s (%.1fx)\n", ROLLOUTS,
+           DECODE, PROMPT, b->n, b->one_tps, ROLLOUTS, b->batch_tps, b->batch_tps / b->one_tps);
+}
+
 static void print_measure_json(const char *name, const Measure *m, const char *end) {
     printf("\"%s\": {\"ttft_ms\": %.4g, \"decode_tps\": %.4g, \"decode_mean_tps\": %.4g, \"peak_mb\": %.4g, "
            "\"state_bytes\": %.0f}%s", name, m->ttft_ms, m->decode_tps, m->decode_mean_tps, m->peak_mb, m->state_bytes,
@@ -792,7 +833,7 @@ static void print_measure_json(const char *name, const Measure *m, const char *e
 }
 
 static void print_json(const Model *m, const Options *o, const References *r, const Row *rows, int n_rows,
-                       const Fitting *f) {
+                       const Fitting *f, const Batching *b) {
     const Config *c = &m->config;
     printf("{\"model\": \"%s\", \"dim\": %d, \"hidden_dim\": %d, \"n_layers\": %d, \"n_heads\": %d, "
            "\"n_kv_heads\": %d, \"vocab_size\": %d, \"seq_len\": %d, \"prompt_tokens\": %d, \"decode_tokens\": %d,\n",
@@ -823,8 +864,10 @@ static void print_json(const Model *m, const Options *o, const References *r, co
     }
     printf(" ],\n \"fitting\": {\"width\": %d, \"batch\": %d, \"queries_per_s\": %.4g, \"gflops\": %.4g, "
            "\"sgemm_gflops\": %.4g, \"fit_seconds\": %.4g, \"per_request_s\": {\"full_prefill\": %.4g, "
-           "\"reused_kv\": %.4g, \"nectar\": %.4g}}}\n", f->width, f->batch, f->queries_per_s, f->gflops,
+           "\"reused_kv\": %.4g, \"nectar\": %.4g}},\n", f->width, f->batch, f->queries_per_s, f->gflops,
            f->sgemm_gflops, f->fit_seconds, f->per_request[0], f->per_request[1], f->per_request[2]);
+    printf(" \"rollouts\": {\"count\": %d, \"doc_tokens\": %d, \"one_at_a_time_tps\": %.4g, \"batched_tps\": %.4g}}\n",
+           ROLLOUTS, b->n, b->one_tps, b->batch_tps);
 }
 
 int main(int argc, char **argv) {
@@ -850,8 +893,12 @@ int main(int argc, char **argv) {
     Row rows[32];
     int n_rows = cpu_table(&m, &o, &refs, rows);                 /* 2. the serving table */
     Fitting fit = fitting_and_amortisation(&m.config, &rows[n_rows - 1]);  /* 3. fitting and amortisation */
-    if (o.json) print_json(&m, &o, &refs, rows, n_rows, &fit);
-    else print_fitting(&m.config, &fit);
+    Batching batching = batched_rollouts(&m, rows[0].n);                   /* 4. many prompts at once */
+    if (o.json) print_json(&m, &o, &refs, rows, n_rows, &fit, &batching);
+    else {
+        print_fitting(&m.config, &fit);
+        print_batching(&batching);
+    }
     fprintf(stderr, "bench took %.0f s\n", now_seconds() - t_start);
     model_free(&m);
     return 0;
