@@ -85,7 +85,7 @@ static void usage(FILE *f) {
         "  --tasks N         self-study task prompts (needs a tokenizer): the full-cache model writes\n"
         "                    tasks about the document and answers them: quote, continue and question\n"
         "                    tasks, a third each, from 8 N tries; with --chat, questions it writes\n"
-        "                    and quote, continue and summary requests, from 4 N (default 300)\n"
+        "                    and quote and summary requests, from 4 N (default 300)\n"
         "  --prompt-len N    prompt length cap in tokens, answer included (default 80; 196 with --chat)\n"
         "  --prompts FILE    extra prompts, one per line (text, needs -z; \\n is a newline)\n"
         "  --prompt-ids FILE extra prompts, one per line (token ids)\n"
