@@ -187,7 +187,7 @@ EMU_CC := $(CC) -O1 -g -pthread -fopenmp-simd -fno-trapping-math -std=c11 -Wall 
 EMU_SRC := tests/cuda_emu/cuda_emu.cpp tests/cuda_emu/cuda_runtime.h tests/cuda_emu/cublas_v2.h tests/cuda_emu/cu2cpp.py
 
 EMU_LIB := $(patsubst %.c,$(EMU)/%.o,$(LIB_SRC))
-$(EMU)/%.o: %.c nectar.h nectar_cuda.h $(EMU_SRC) | check-blas
+$(EMU)/%.o: %.c nectar.h selfstudy.h nectar_cuda.h $(EMU_SRC) | check-blas
 	@mkdir -p $(EMU)
 	$(EMU_CC) -c $< -o $@
 
@@ -211,10 +211,11 @@ $(EMU)/selftest: tests/cuda_emu/selftest.cu $(EMU)/cuda_emu.o
 	python3 tests/cuda_emu/cu2cpp.py tests/cuda_emu/selftest.cu > $(EMU)/selftest.cpp
 	$(EMU_CXX) -o $@ $(EMU)/selftest.cpp $(EMU)/cuda_emu.o $(BLAS_LIBS) -lm
 
-$(EMU)/infer $(EMU)/train: $(EMU)/%: $(EMU)/%.o $(EMU_LIB) $(EMU)/nectar_cuda.o $(EMU)/cuda_emu.o
-	$(CXX) -o $@ $^ $(BLAS_LIBS) -lm -pthread
-
-$(EMU)/benchmark: $(EMU)/bench.o $(EMU_LIB) $(EMU)/nectar_cuda.o $(EMU)/cuda_emu.o
+# each emulated program's own objects, as GPU_OBJ_% above
+EMU_OBJ_infer     := $(EMU)/infer.o
+EMU_OBJ_train     := $(EMU)/train.o $(EMU)/selfstudy.o
+EMU_OBJ_benchmark := $(EMU)/bench.o
+$(EMU)/infer $(EMU)/train $(EMU)/benchmark: $(EMU)/%: $$(EMU_OBJ_%) $(EMU_LIB) $(EMU)/nectar_cuda.o $(EMU)/cuda_emu.o
 	$(CXX) -o $@ $^ $(BLAS_LIBS) -lm -pthread
 
 test-cuda-emu: $(EMU)/selftest $(EMU)/test_cuda $(EMU)/infer $(EMU)/train $(EMU)/benchmark
