@@ -1420,8 +1420,8 @@ static void evaluation_free(Evaluation *e) {
  * starts with it. The prompt after it into out; returns the prefix's length. */
 static int after_nodoc_prefix(const PromptSet *p, const int *prompt, int len, int *out) {
     int k = p->n_nodoc_prefix;
-    if (len >= k && !memcmp(prompt, p->nodoc_prefix, k * sizeof(int))) k = 0;
-    memcpy(out, p->nodoc_prefix, k * sizeof(int));
+    if (k > 0 && len >= k && !memcmp(prompt, p->nodoc_prefix, k * sizeof(int))) k = 0;
+    if (k > 0) memcpy(out, p->nodoc_prefix, k * sizeof(int));
     memcpy(out + k, prompt, len * sizeof(int));
     return k;
 }
