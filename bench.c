@@ -7,8 +7,10 @@
  * roofline, the bytes it reads per token over that bandwidth), sgemm at
  * the model's shapes, the better of OpenBLAS's own threads and a split over
  * the pool (prefill and module fitting are reported as a fraction of it),
- * the no-document decode, the exact path. --json prints the same as one
- * JSON object. With --gpu (a build with nvcc, `make bench-gpu`) the same on
+ * the no-document decode, the exact path. Then module fitting and the
+ * amortisation of a fit, and many prompts in one forward (batched
+ * rollouts against one at a time). --json prints the same as one JSON
+ * object. With --gpu (a build with nvcc, `make bench-gpu`) the same on
  * the GPU against cuBLAS sgemm, and module fitting on the GPU against the
  * CPU.
  */
@@ -788,7 +790,8 @@ static void print_fitting(const Config *c, const Fitting *f) {
 /* Many prompts in one forward: ROLLOUTS greedy rollouts of DECODE tokens
  * after PROMPT-token prompts and a document of n tokens, one at a time and
  * all in one batch (rollouts: each decode step one forward of every
- * sequence, one matrix product per weight); generated tokens/s of each. */
+ * sequence, one matrix product per weight); generated tokens/s of each,
+ * the prompts' prefill included. */
 enum { ROLLOUTS = 16 };
 typedef struct { int n; double one_tps, batch_tps; } Batching;
 
@@ -802,19 +805,23 @@ static Batching batched_rollouts(const Model *m, int n) {
     Document doc = {DOC_EXACT, n, &cache, NULL};
     const int no_stop[2] = {-1, -1};
     Rollout r[ROLLOUTS];
-    for (int batch = 1; batch <= ROLLOUTS; batch *= ROLLOUTS) {  /* 1, then all of them */
+    const int batch_sizes[2] = {1, ROLLOUTS};
+    double tps[2];  /* generated tokens/s, each prompt's prefill included */
+    for (int k = 0; k < 2; k++) {
+        int batch = batch_sizes[k];
         RunState s;
         runstate_alloc_seqs(&s, m, &doc, PROMPT * batch, PROMPT + DECODE, batch);
         double t0 = now_seconds();
         for (int first = 0; first < ROLLOUTS; first += batch) {
-            for (int k = 0; k < batch; k++)
-                r[k] = (Rollout){prompts + (first + k) * PROMPT, PROMPT, DECODE, answers + (first + k) * DECODE, 0};
+            for (int j = 0; j < batch; j++)
+                r[j] = (Rollout){prompts + (first + j) * PROMPT, PROMPT, DECODE, answers + (first + j) * DECODE, 0};
             if (rollouts(m, &s, &doc, no_stop, NULL, r, batch) != 0) exit(1);
         }
-        double tps = ROLLOUTS * DECODE / (now_seconds() - t0);
-        *(batch == 1 ? &b.one_tps : &b.batch_tps) = tps;
+        tps[k] = ROLLOUTS * DECODE / (now_seconds() - t0);
         runstate_free(&s);
     }
+    b.one_tps = tps[0];
+    b.batch_tps = tps[1];
     doccache_free(&cache);
     free(doc_ids); free(prompts); free(answers);
     return b;

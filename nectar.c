@@ -1571,8 +1571,8 @@ int evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const Pro
 /* Answers: greedy rollouts after each question                            */
 
 /* The next token of rollout r from logits row `row` (argmax, or drawn by
- * the sampler): appended; 1 when the
- * rollout goes on (no stop token, below its cap). */
+ * the sampler): appended; 1 when the rollout goes on (no stop token, below
+ * its cap). */
 static int rollout_next(const Model *m, const RunState *s, int row, const int stop[2], Sampler *sampler,
                         Rollout *r) {
     const float *logits = s->logits + (size_t)row * m->config.vocab_size;
@@ -1631,7 +1631,8 @@ int rollouts(const Model *m, RunState *s, const Document *doc, const int stop[2]
             }
         if (in_step == 0) break;
         rc = forward_segments(m, s, doc, seg, in_step, LOGITS_LAST);
-        for (int k = 0; k < in_step && rc == 0; k++) live[step[k]] = rollout_next(m, s, k, stop, sampler, &r[idx[step[k]]]);
+        for (int k = 0; k < in_step && rc == 0; k++)
+            live[step[k]] = rollout_next(m, s, k, stop, sampler, &r[idx[step[k]]]);
     }
     free(idx); free(seg); free(live); free(step);
     return rc;

@@ -458,10 +458,11 @@ int  evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const Pr
 /* Generations, many at once: rollout k writes tokens after its question (at
  * local position 0 of sequence j, its place among those with a question and
  * room), argmax (greedy; sampler NULL) or drawn by the sampler, until one
- * of stop[2] (kept as the answer's last token) or `cap` tokens. Each step is one forward_segments of every live
- * rollout: one matrix product per weight for all of them. s needs a
- * sequence per rollout, a block of the longest question (and of n), and
- * room for question + cap. 0 (each len set), or -1 with a sentence. */
+ * of stop[2] (kept as the answer's last token) or `cap` tokens. Each step
+ * is one forward_segments of the live rollouts (up to a block of them): one
+ * matrix product per weight for all of them. s needs a sequence per
+ * rollout, a block of the longest question (and of n), and room for
+ * question + cap. 0 (each len set), or -1 with a sentence. */
 typedef struct {
     const int *question; int n_question;
     int cap;

@@ -305,7 +305,8 @@ static int try_task(const SelfStudyOptions *o, const SelfStudyInputs *in, const 
  * about the document (tasks about what the document does not say, whose
  * answers are guesses, are left out). At most n_tasks of 8 n_tasks tries. */
 static void make_tasks(const SelfStudyOptions *o, const SelfStudyInputs *in, const int stop[2], PromptBuilder *b) {
-    int *tokens = xmalloc((MAX_QUESTION + (size_t)o->prompt_len + o->answer_len) * sizeof(int)), kept[3] = {0}, tries = 0;
+    int *tokens = xmalloc((MAX_QUESTION + (size_t)o->prompt_len + o->answer_len) * sizeof(int));  /* a task's ids */
+    int kept[3] = {0}, tries = 0;
     Sampler sampler;
     sampler_init(&sampler, in->model->config.vocab_size, 1.0f, 1.0f, o->seed + 3);
     uint64_t rng = o->seed * 0x2545F4914F6CDD1DULL + 5;

@@ -80,7 +80,7 @@ static void usage(FILE *f) {
         "  --lambda-kl X     KL distillation weight (presets: kl and mixed 1, regression 0)\n"
         "  --kl-prompts N    training prompts per step for the KL term (default 2)\n"
         "  --teacher-logits-mb N  the KL term's teacher logits are kept from the teacher pass up to N MB,\n"
-        "                    else recomputed at each step (default 1024)\n"
+        "                    else recomputed at each step, on the CPU (default 1024)\n"
         "  --n-prompts N     self-study spans and continuations of the document (default 50)\n"
         "  --tasks N         self-study task prompts (needs a tokenizer): the full-cache model writes\n"
         "                    tasks about the document and answers them: quote, continue and question\n"
@@ -843,8 +843,9 @@ static const FitBackend *fit_backend(const Options *o) {
 }
 
 /* The KL term over kl_prompts training prompts drawn from rng, each
- * weighted by its share of their positions, added into *loss. */
-static void kl_terms(Fit *f, const FitBackend *be, uint64_t *rng, double *loss) {
+ * weighted by its share of their positions, added into *loss; -1 after a
+ * sentence when the teacher's recomputed forward fails. */
+static int kl_terms(Fit *f, const FitBackend *be, uint64_t *rng, double *loss) {
     const Options *o = f->o;
     const TeacherData *td = f->td;
     const PromptSet *all = f->prompts;
@@ -857,13 +858,14 @@ static void kl_terms(Fit *f, const FitBackend *be, uint64_t *rng, double *loss) 
     for (int k = 0; k < o->kl_prompts; k++) {
         int i = td->prompt[pick[k]], len = all->offsets[i + 1] - all->offsets[i];
         const int *tokens = all->tokens + all->offsets[i];
-        if (!td->logits) forward(f->model, &f->teacher, f->doc, tokens, len, 0, LOGITS_ALL);  /* recomputed */
+        if (!td->logits && forward(f->model, &f->teacher, f->doc, tokens, len, 0, LOGITS_ALL) != 0) return -1;
         const float *teacher = td->logits ? td->logits + (size_t)td->start[pick[k]] * V : f->teacher.logits;
         /* kl_loss averages over this prompt's positions; weigh by its share of all of them */
         float share = (float)len / positions;
         double kl = be->kl(f, tokens, len, teacher, o->lambda_kl * share);
         *loss += o->lambda_kl * kl * share;
     }
+    return 0;
 }
 
 /* L = lambda_alpha L_alpha / var_alpha + lambda_A L_A / var_A over the batch positions +
@@ -882,7 +884,7 @@ static int fit_modules(Fit *f, const FitBackend *be, uint64_t run_hash, int last
         float lr = learning_rate(o, step);
         f->adam.step++;
         double loss = be->regression(f, pos);
-        if (o->lambda_kl > 0) kl_terms(f, be, &batch_rng, &loss);
+        if (o->lambda_kl > 0 && kl_terms(f, be, &batch_rng, &loss) != 0) { rc = -1; break; }
         double norm = be->update(f, lr);
         if (!isfinite(loss) || !isfinite(norm)) {  /* a NaN norm would pass the clipping unseen */
             fprintf(stderr, "\nerror: training diverged at step %d (loss %g, gradient norm %g); lower --lr (%g), "

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The README's results tables, from one command: fits Nectar modules to a
 # document for the default model (data/), on self-study prompts alone (the
-# defaults), and prints markdown.
+# defaults), or for SmolLM2 (real), and prints markdown.
 #   scripts/results.sh capacity   MLP and quadrature at rho 2%, 5%, 10% (data/doc.txt)
 #   scripts/results.sh losses     regression, mixed and pure KL at rho 2%, 10% (data/doc.txt)
 #   scripts/results.sh documents  the defaults on data/doc.txt and held-out documents 1 and 2
+#   scripts/results.sh real       SmolLM2 on Apache-2.0, MLP at rho 2%, 5%, 10%, with make demo-real's
+#                                 flags (regression; make smollm2 first; about 25 minutes on 2 cores)
 set -eu
 cd "$(dirname "$0")/.."
 what=${1:-capacity}
@@ -13,10 +15,11 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # value of "key" inside the "split" object of a one-line JSON file
 json() { sed -E "s/.*\"$2\": \{([^}]*)\}.*/\1/; s/.*\"$3\": ([-0-9.e+]+).*/\1/" "$1"; }
+MODEL=(-m data/model.bin -z data/tokenizer.bin)
 fit() {  # fit NAME DOC.txt ARGS...: train with the defaults, JSON into $tmp/NAME.json
     local name=$1 doc=$2; shift 2
     echo "fitting $name ..." >&2
-    ./train -m data/model.bin -z data/tokenizer.bin -d "$doc" -o "$tmp/$name.nectar" --json "$@" \
+    ./train "${MODEL[@]}" -d "$doc" -o "$tmp/$name.nectar" --json "$@" \
         > "$tmp/$name.json" 2> "$tmp/$name.log" || { cat "$tmp/$name.log" >&2; exit 1; }
 }
 # greedy answer (token ids, to the first newline, id 13) of infer ARGS... to the prompt $prompt
@@ -66,6 +69,16 @@ losses)
         for loss in regression mixed kl; do for rho in 0.02 0.1; do row "$loss $rho" "$loss-$rho" $split; done; done
     done
     echo; echo "Held-out: $(heldout kl-0.1)." ;;
+real)
+    MODEL=(-m models/SmolLM2-135M-Instruct.Q4_1.gguf)
+    [ -f "${MODEL[1]}" ] || { echo "error: ${MODEL[1]} is missing: make smollm2 first" >&2; exit 1; }
+    flags=$(sed -n 's/^REAL_FLAGS := //p' Makefile | sed 's/--rho [0-9.]*//')
+    [ -n "${flags// /}" ] || { echo "error: no REAL_FLAGS := line in the Makefile" >&2; exit 1; }
+    # shellcheck disable=SC2086
+    for rho in 0.02 0.05 0.1; do fit "real-$rho" /usr/share/common-licenses/Apache-2.0 $flags --rho $rho; done
+    header "MLP, rho"
+    for split in random challenge; do for rho in 0.02 0.05 0.1; do row "mlp $rho" "real-$rho" $split; done; done
+    echo; echo "Held-out: $(heldout real-0.1)." ;;
 documents)
     mkdir -p "$tmp/doc0"
     cp data/doc.txt data/prompts.txt "$tmp/doc0/"
@@ -78,5 +91,5 @@ documents)
         echo "- document $i: \"$(cat "$tmp/doc$i/doc.txt")\"; held-out $(heldout "doc$i"); its prompts.txt" \
              "tasks (never given to train): Nectar's answer equals the full cache's on $(user_tasks "$tmp/doc$i" "doc$i")."
     done ;;
-*) echo "usage: scripts/results.sh capacity|losses|documents" >&2; exit 1 ;;
+*) echo "usage: scripts/results.sh capacity|losses|documents|real" >&2; exit 1 ;;
 esac
