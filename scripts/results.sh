@@ -5,8 +5,9 @@
 #   scripts/results.sh capacity   MLP and quadrature at rho 2%, 5%, 10% (data/doc.txt)
 #   scripts/results.sh losses     regression, mixed and pure KL at rho 2%, 10% (data/doc.txt)
 #   scripts/results.sh documents  the defaults on data/doc.txt and held-out documents 1 and 2
-#   scripts/results.sh real       SmolLM2 on Apache-2.0, MLP at rho 2%, 5%, 10%, with make demo-real's
-#                                 flags (regression; make smollm2 first; about 25 minutes on 2 cores)
+#   scripts/results.sh real [mlp|quad]  SmolLM2 on Apache-2.0, MLP (or quadrature) modules at rho 2%, 5%,
+#                                 10%, with make demo-real's flags (regression; make smollm2 first; about
+#                                 25 minutes on 2 cores)
 set -eu
 cd "$(dirname "$0")/.."
 what=${1:-capacity}
@@ -74,10 +75,12 @@ real)
     [ -f "${MODEL[1]}" ] || { echo "error: ${MODEL[1]} is missing: make smollm2 first" >&2; exit 1; }
     flags=$(sed -n 's/^REAL_FLAGS := //p' Makefile | sed 's/--rho [0-9.]*//')
     [ -n "${flags// /}" ] || { echo "error: no REAL_FLAGS := line in the Makefile" >&2; exit 1; }
+    arch=${2:-mlp}
+    [ "$arch" = mlp ] || [ "$arch" = quad ] || { echo "error: real takes mlp or quad, not $arch" >&2; exit 1; }
     # shellcheck disable=SC2086
-    for rho in 0.02 0.05 0.1; do fit "real-$rho" /usr/share/common-licenses/Apache-2.0 $flags --rho $rho; done
-    header "MLP, rho"
-    for split in random challenge; do for rho in 0.02 0.05 0.1; do row "mlp $rho" "real-$rho" $split; done; done
+    for rho in 0.02 0.05 0.1; do fit "real-$rho" /usr/share/common-licenses/Apache-2.0 $flags --arch $arch --rho $rho; done
+    header "module, rho"
+    for split in random challenge; do for rho in 0.02 0.05 0.1; do row "$arch $rho" "real-$rho" $split; done; done
     echo; echo "Held-out: $(heldout real-0.1)." ;;
 documents)
     mkdir -p "$tmp/doc0"
@@ -91,5 +94,5 @@ documents)
         echo "- document $i: \"$(cat "$tmp/doc$i/doc.txt")\"; held-out $(heldout "doc$i"); its prompts.txt" \
              "tasks (never given to train): Nectar's answer equals the full cache's on $(user_tasks "$tmp/doc$i" "doc$i")."
     done ;;
-*) echo "usage: scripts/results.sh capacity|losses|documents|real" >&2; exit 1 ;;
+*) echo "usage: scripts/results.sh capacity|losses|documents|real [mlp|quad]" >&2; exit 1 ;;
 esac
