@@ -38,7 +38,7 @@ enum { NOT_GIVEN = INT_MIN };  /* --prompt-len, --answer-len: chosen by load_inp
 
 typedef struct {
     const char *model_path, *tok_path, *doc_text_path, *doc_ids_path, *out_path;
-    const char *prompts_text_path, *prompts_ids_path, *checkpoint_path, *resume_path;
+    const char *prompts_text_path, *prompts_ids_path, *checkpoint_path, *resume_path, *init_path;
     ModuleArch arch;
     float rho, lr, weight_decay, warmup_fraction, lambda_alpha, lambda_A, lambda_kl;
     int steps, batch, kl_prompts, n_prompts, n_tasks, prompt_len, answer_len, checkpoint_every, stop_after, json;
@@ -94,6 +94,9 @@ static void usage(FILE *f) {
         "                    chat turn with --chat, or after N tokens (default 48; 128 with --chat)\n"
         "  --checkpoint P    write a checkpoint to P every --checkpoint-every steps (default steps/4)\n"
         "  --resume P        continue from checkpoint P (same data and options)\n"
+        "  --init FILE       start from the modules of FILE, fitted to this model and document with the\n"
+        "                    same architecture, budget and held-out prompts (a regression fit, to go on\n"
+        "                    with --loss kl, say); a new optimiser and schedule\n"
         "  --stop-after N    stop after step N (with a checkpoint), as if interrupted\n"
         "  -s SEED           seed of prompts, split, init and batches (default 1234)\n"
         "  --json            one JSON object on stdout instead of tables\n"
@@ -102,7 +105,7 @@ static void usage(FILE *f) {
 }
 
 /* the options that take a value, for the message when one comes last */
-static const char VALUE_OPTIONS[] = " -m -z -d -D -o --prompts --prompt-ids --checkpoint --resume --groups --arch --depths "
+static const char VALUE_OPTIONS[] = " -m -z -d -D -o --prompts --prompt-ids --checkpoint --resume --init --groups --arch --depths "
     "--rho --lr --wd --warmup --lambda-alpha --lambda-A --lambda-kl --kl-prompts --loss --steps --batch --n-prompts "
     "--tasks --teacher-logits-mb --prompt-len --answer-len --checkpoint-every --stop-after -s ";
 
@@ -134,10 +137,10 @@ static int parse_value_option(const char *a, const char *v, Options *o) {
     if (word) return word < 0 ? -1 : 0;
     const char **paths[] = {&o->model_path, &o->tok_path, &o->doc_text_path, &o->doc_ids_path, &o->out_path,
                             &o->prompts_text_path, &o->prompts_ids_path, &o->checkpoint_path, &o->resume_path,
-                            &o->groups};
+                            &o->init_path, &o->groups};
     static const char *path_names[] = {"-m", "-z", "-d", "-D", "-o", "--prompts", "--prompt-ids", "--checkpoint",
-                                       "--resume", "--groups"};
-    for (int k = 0; k < 10; k++)
+                                       "--resume", "--init", "--groups"};
+    for (int k = 0; k < 11; k++)
         if (!strcmp(a, path_names[k])) { *paths[k] = v; return 0; }
     float *floats[] = {&o->rho, &o->lr, &o->weight_decay, &o->warmup_fraction, &o->lambda_alpha, &o->lambda_A,
                        &o->lambda_kl};
@@ -188,6 +191,7 @@ static const char *finish_options(Options *o) {
         return "the loss weights must be >= 0 and not all 0";
     if (o->kl_prompts < 1 || o->kl_prompts > 64) return "--kl-prompts must be in 1..64";
     if (o->stop_after > 0 && !o->checkpoint_path) return "--stop-after needs --checkpoint, or the fit is lost";
+    if (o->init_path && o->resume_path) return "--init and --resume both give the modules to start from; give one";
     if (o->chat == 1 && (o->doc_ids_path || o->prompts_ids_path))
         return "--chat frames texts (-d, --prompts); token ids (-D, --prompt-ids) are used as given";
 #ifndef NECTAR_CUDA
@@ -605,6 +609,36 @@ done:
     return rc;
 }
 
+/* 1 if two prompt sets hold the same prompts, token for token. */
+static int same_prompts(const PromptSet *a, const PromptSet *b) {
+    int n = a->n_prompts;
+    if (n != b->n_prompts) return 0;
+    return n == 0 || (!memcmp(a->offsets, b->offsets, (n + 1) * sizeof(int)) &&
+                      !memcmp(a->tokens, b->tokens, (size_t)a->offsets[n] * sizeof(int)));
+}
+
+/* --init: the modules of the file at path (loaded, for this model and
+ * document) into ms, if they have the same architecture and shape and held
+ * out the same prompts (modules that saw this run's held-out prompts in
+ * their fit would flatter its metrics). */
+static int init_from_file(const char *path, const ModuleSet *file, ModuleSet *ms) {
+    const char *why = NULL;
+    if (file->arch != ms->arch || file->n_params != ms->n_params || file->depth_backbone != ms->depth_backbone ||
+        file->depth_score != ms->depth_score || file->depth_target != ms->depth_target)
+        why = "its modules have another architecture, depth or budget";
+    for (int i = 0; !why && i < ms->n_layers * ms->n_kv_heads; i++)
+        if (file->modules[i].n_params != ms->modules[i].n_params) why = "its modules have other sizes (--groups)";
+    if (!why && !same_prompts(&file->heldout, &ms->heldout))
+        why = "it held out other prompts (other self-study options or seed)";
+    if (why) fprintf(stderr, "error: --init %s: %s\n", path, why);
+    else {
+        memcpy(ms->params, file->params, ms->n_params * sizeof(float));
+        for (int i = 0; i < ms->n_layers * ms->n_kv_heads; i++) ms->modules[i].input_scale = file->modules[i].input_scale;
+        fprintf(stderr, "starting from the modules of %s\n", path);
+    }
+    return why ? -1 : 0;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Optimisation                                                             */
 
@@ -982,6 +1016,8 @@ int main(int argc, char **argv) {
     Inputs in;
     if (load_inputs(&o, &in) != 0) return 1;
     const Config *c = &in.model.config;
+    ModuleSet init;  /* --init's modules: refused now, not after self-study, if fitted elsewhere */
+    if (o.init_path && moduleset_load(&init, o.init_path, in.model.fingerprint, in.cache.fingerprint) != 0) return 1;
 
     /* 2. prompts and the split */
     PromptSet prompt_set, *all = &prompt_set;
@@ -996,10 +1032,14 @@ int main(int argc, char **argv) {
     mark_challenge(all, is_train, embed, c->dim);
     free(embed);
 
-    /* 4. modules within the budget, initialised */
+    /* 4. modules within the budget, initialised, with the held-out prompts */
     ModuleSet ms;
     if (make_modules(&o, &in, &ms) != 0) return 1;
-    if (o.arch == ARCH_MLP) mlp_init_from_teacher(&ms, &td.fit, c, o.seed + 7);
+    ms.heldout = select_prompts(all, is_train, 0);
+    if (o.init_path) {
+        if (init_from_file(o.init_path, &init, &ms) != 0) return 1;
+        moduleset_free(&init);
+    } else if (o.arch == ARCH_MLP) mlp_init_from_teacher(&ms, &td.fit, c, o.seed + 7);
     else quad_init_from_cache(&ms, &in.cache);
 
     /* 5. fitting, from a checkpoint with --resume */
@@ -1027,7 +1067,6 @@ int main(int argc, char **argv) {
     }
 
     /* 6. metrics on the held-out prompts, the module file */
-    ms.heldout = select_prompts(all, is_train, 0);
     if (evaluate_and_save(&o, &in, &ms, fit_seconds, t_start) != 0) return 1;
 
     free(fit.adam.m); free(fit.adam.v); free(fit.dlogits); free(is_train);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # train and infer end to end on a small random GQA model: fitting helps,
-# runs are deterministic, resume equals an uninterrupted run, the oracle
-# quadrature is exact, and module files fitted elsewhere are refused.
+# runs are deterministic, resume equals an uninterrupted run, --init goes
+# on from a module file, the oracle quadrature is exact, and module files
+# fitted elsewhere are refused.
 # usage: tests/test_train.sh [BINDIR]   (BINDIR holds infer and train)
 set -u
 bin=${1:-.}
@@ -68,6 +69,24 @@ ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 train -o "$tmp/x.nectar" --steps 400 -
 [ $? -eq 1 ] && grep -q "^error: .*not after the checkpoint's step 150" "$tmp/log" && ok "--stop-after before the checkpoint's step is refused" || fail "--stop-after before the checkpoint"
 ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 "$bin/train" -m "$tmp/model.bin" -D "$tmp/doc.ids" -o "$tmp/x.nectar" --prompt-len 32 --steps 500 --resume "$tmp/ck" > /dev/null 2> "$tmp/log"
 [ $? -eq 1 ] && grep -q "^error: .*other data or options" "$tmp/log" && ok "a checkpoint of other options is refused" || fail "checkpoint mismatch refused"
+
+# --init: the same modules evaluate the same; pure KL goes on from a regression fit; other fits are refused
+train -o "$tmp/init0.nectar" --init "$tmp/fit.nectar" --steps 0 > /dev/null 2> "$tmp/log" || cat "$tmp/log"
+cmp -s "$tmp/fit.nectar" "$tmp/init0.nectar" && ok "--init FILE --steps 0 writes FILE's bytes" || fail "--init --steps 0"
+train -o "$tmp/regkl.nectar" --init "$tmp/fit.nectar" --steps 100 --loss kl --json > "$tmp/regkl.json" 2> "$tmp/log" || cat "$tmp/log"
+before=$(json "$tmp/fit.json" random kl) after=$(json "$tmp/regkl.json" random kl)
+scratch=$(json "$tmp/kl.json" random kl)
+echo "    held-out KL(full || Nectar): regression fit $before, then 100 pure-KL steps from it $after" \
+     "(200 from the usual init: $scratch)"
+is "$after < $before && $after < $scratch" && ok "pure KL from --init a regression fit lowers the held-out KL" || fail "KL after --init"
+for bad in "-s 99:held out other prompts" "--arch quad:another architecture" "--rho 0.2:another architecture" \
+           "--resume $tmp/ck:--init and --resume"; do
+    ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 train -o "$tmp/x.nectar" --init "$tmp/fit.nectar" --steps 10 ${bad%%:*} \
+        > /dev/null 2> "$tmp/log"
+    [ $? -eq 1 ] && grep -q "^error: .*${bad#*:}" "$tmp/log" && ok "--init refused: ${bad%%:*}" || fail "--init with ${bad%%:*}: $(head -c 200 "$tmp/log")"
+done
+ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 train -o "$tmp/x.nectar" --init "$tmp/kl.nectar" -D "$tmp/doc2.ids" > /dev/null 2> "$tmp/log"
+[ $? -eq 1 ] && grep -q "^error: .*different document" "$tmp/log" && ok "--init refused: another document" || fail "--init with another document"
 
 # quadrature with rho = 1 (p = n, W = K, Z = V) at initialisation is exact
 train -o "$tmp/quad.nectar" --arch quad --rho 1 --steps 0 --json > "$tmp/quad.json" 2> /dev/null
