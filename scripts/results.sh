@@ -8,6 +8,12 @@
 #   scripts/results.sh real [mlp|quad]  SmolLM2 on Apache-2.0, MLP (or quadrature) modules at rho 2%, 5%,
 #                                 10%, with make demo-real's flags (regression; make smollm2 first; about
 #                                 25 minutes on 2 cores)
+#   scripts/results.sh real-losses  SmolLM2 on Apache-2.0 at rho 10%: demo-real's regression fit, pure KL for
+#                                 KL_STEPS (default 150) steps from the usual start, and the same KL steps
+#                                 going on from the regression fit (--init); about an hour on 2 cores
+#   scripts/results.sh real-documents  SmolLM2 with demo-real's flags on Apache-2.0 and GPL-3: the metrics,
+#                                 the training time, and the serving cost at the documents' lengths
+#                                 (./benchmark) with the requests that pay for the training; about 40 minutes
 set -eu
 cd "$(dirname "$0")/.."
 what=${1:-capacity}
@@ -49,6 +55,44 @@ header() {
          "answer match Nectar / no doc (tasks) | answer prefix | score MSE | target MSE | RTE |"
     echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 }
+times() {  # times NAME...: the training time of each fit
+    local name
+    for name in "$@"; do
+        printf -- '- %s: fitting %.0f s, the whole run (self-study, teacher pass, fitting, evaluation) %.0f s\n' \
+            "$name" "$(top "$tmp/$name.json" fit_seconds)" "$(top "$tmp/$name.json" total_seconds)"
+    done
+}
+# value of a top-level number "key" of a one-line JSON file
+top() { sed -E "s/.*\"$2\": ([-0-9.e+]+).*/\1/" "$1"; }
+serving() {  # serving NAME...: ./benchmark at each fit's document length, and the requests that repay its training
+    echo "| document | tokens | TTFT full prefill / reused KV / Nectar | decode tok/s exact / Nectar / no doc |" \
+         "peak MB full / reused / Nectar | KV state | modules | training | per request full / reused / Nectar |" \
+         "break-even requests against full prefill / reused KV |"
+    echo "|---|---|---|---|---|---|---|---|---|---|"
+    local name n b t full reused nectar
+    for name in "$@"; do
+        n=$(top "$tmp/$name.json" n_doc) b="$tmp/bench-$name.json"
+        echo "benchmark at $n tokens ..." >&2
+        ./benchmark -m "${MODEL[1]}" --min-doc "$n" --max-doc "$n" --json > "$b.lines" 2> "$tmp/bench.log" ||
+            { cat "$tmp/bench.log" >&2; exit 1; }
+        tr -d '\n' < "$b.lines" > "$b"
+        t=$(top "$tmp/$name.json" total_seconds)
+        full=$(json "$b" per_request_s full_prefill) reused=$(json "$b" per_request_s reused_kv)
+        nectar=$(json "$b" per_request_s nectar)
+        printf '| %s | %d | %.0f / %.0f / %.0f ms | %.1f / %.1f / %.1f | %.0f / %.0f / %.0f | %.1f MB | %.1f MB | %.0f s |' \
+            "$name" "$n" "$(json "$b" full_prefill ttft_ms)" "$(json "$b" reused_kv ttft_ms)" "$(json "$b" nectar10 ttft_ms)" \
+            "$(json "$b" reused_kv decode_tps)" "$(json "$b" nectar10 decode_tps)" "$(json "$b" no_doc decode_tps)" \
+            "$(json "$b" full_prefill peak_mb)" "$(json "$b" reused_kv peak_mb)" "$(json "$b" nectar10 peak_mb)" \
+            "$(awk "BEGIN { print $(top "$tmp/$name.json" kv_entries) * 4 / 1e6 }")" \
+            "$(awk "BEGIN { print $(top "$tmp/$name.json" params) * 4 / 1e6 }")" "$t"
+        awk -v t="$t" -v f="$full" -v r="$reused" -v m="$nectar" 'function even(x) {
+                return x > m ? sprintf("%d", int(t / (x - m)) + 1) : "never (no time saved)" }
+            BEGIN { printf " %.2f / %.2f / %.2f s | %s / %s |\n", f, r, m, even(f), even(r) }'
+    done
+    echo
+    echo "The benchmark's documents are random ids of each document's length (for timing), its modules MLPs at" \
+         "rho 10%; a request is a 16-token prompt and 64 generated tokens; training is train's whole run."
+}
 heldout() {  # heldout NAME: the held-out counts of a fit
     local f="$tmp/$1.json"
     echo "random split $(json "$f" random n_prompts) prompts ($(json "$f" random n_answers) tasks)," \
@@ -70,18 +114,42 @@ losses)
         for loss in regression mixed kl; do for rho in 0.02 0.1; do row "$loss $rho" "$loss-$rho" $split; done; done
     done
     echo; echo "Held-out: $(heldout kl-0.1)." ;;
-real)
+real|real-losses|real-documents)
     MODEL=(-m models/SmolLM2-135M-Instruct.Q4_1.gguf)
     [ -f "${MODEL[1]}" ] || { echo "error: ${MODEL[1]} is missing: make smollm2 first" >&2; exit 1; }
-    flags=$(sed -n 's/^REAL_FLAGS := //p' Makefile | sed 's/--rho [0-9.]*//')
+    flags=$(sed -n 's/^REAL_FLAGS := //p' Makefile)  # later options (--rho, --loss, --steps) override these
     [ -n "${flags// /}" ] || { echo "error: no REAL_FLAGS := line in the Makefile" >&2; exit 1; }
-    arch=${2:-mlp}
-    [ "$arch" = mlp ] || [ "$arch" = quad ] || { echo "error: real takes mlp or quad, not $arch" >&2; exit 1; }
+    apache=/usr/share/common-licenses/Apache-2.0 gpl3=/usr/share/common-licenses/GPL-3
     # shellcheck disable=SC2086
-    for rho in 0.02 0.05 0.1; do fit "real-$rho" /usr/share/common-licenses/Apache-2.0 $flags --arch $arch --rho $rho; done
-    header "module, rho"
-    for split in random challenge; do for rho in 0.02 0.05 0.1; do row "$arch $rho" "real-$rho" $split; done; done
-    echo; echo "Held-out: $(heldout real-0.1)." ;;
+    case $what in
+    real)
+        arch=${2:-mlp}
+        [ "$arch" = mlp ] || [ "$arch" = quad ] || { echo "error: real takes mlp or quad, not $arch" >&2; exit 1; }
+        for rho in 0.02 0.05 0.1; do fit "real-$rho" $apache $flags --arch $arch --rho $rho; done
+        header "module, rho"
+        for split in random challenge; do for rho in 0.02 0.05 0.1; do row "$arch $rho" "real-$rho" $split; done; done
+        echo; echo "Held-out: $(heldout real-0.1)."; times real-0.02 real-0.05 real-0.1 ;;
+    real-losses)
+        kl=(--loss kl --steps "${KL_STEPS:-150}" --teacher-logits-mb 2048)
+        fit regression $apache $flags
+        fit kl $apache $flags "${kl[@]}"
+        fit regression-kl $apache $flags "${kl[@]}" --init "$tmp/regression.nectar"
+        header "loss, rho 10%"
+        for split in random challenge; do
+            row "regression, $(top "$tmp/regression.json" steps) steps" regression $split
+            row "pure KL, ${KL_STEPS:-150} steps" kl $split
+            row "regression, then ${KL_STEPS:-150} pure KL steps" regression-kl $split
+        done
+        echo; echo "Held-out: $(heldout regression)."; times regression kl regression-kl ;;
+    real-documents)
+        fit Apache-2.0 $apache $flags
+        fit GPL-3 $gpl3 $flags
+        header "document"
+        for name in Apache-2.0 GPL-3; do for split in random challenge; do row "$name" $name $split; done; done
+        echo; for name in Apache-2.0 GPL-3; do echo "- $name: held-out $(heldout $name)."; done
+        times Apache-2.0 GPL-3
+        echo; serving Apache-2.0 GPL-3 ;;
+    esac ;;
 documents)
     mkdir -p "$tmp/doc0"
     cp data/doc.txt data/prompts.txt "$tmp/doc0/"
@@ -94,5 +162,5 @@ documents)
         echo "- document $i: \"$(cat "$tmp/doc$i/doc.txt")\"; held-out $(heldout "doc$i"); its prompts.txt" \
              "tasks (never given to train): Nectar's answer equals the full cache's on $(user_tasks "$tmp/doc$i" "doc$i")."
     done ;;
-*) echo "usage: scripts/results.sh capacity|losses|documents|real [mlp|quad]" >&2; exit 1 ;;
+*) echo "usage: scripts/results.sh capacity|losses|documents|real [mlp|quad]|real-losses|real-documents" >&2; exit 1 ;;
 esac
