@@ -504,8 +504,7 @@ static int run_eval(const Options *o, const Inputs *in, const Device *dv) {
         return -1;
     }
     EvalResult random_split, challenge_split;
-    if (evaluate(&in->model, &dv->cache, ms, &ms->heldout, 0, &random_split) != 0 ||
-        evaluate(&in->model, &dv->cache, ms, &ms->heldout, 1, &challenge_split) != 0) return -1;
+    if (evaluate(&in->model, &dv->cache, ms, &ms->heldout, &random_split, &challenge_split) != 0) return -1;
     if (o->json) {
         printf("{\"arch\": \"%s\", \"rho\": %.6g, \"params\": %zu, \"kv_entries\": %ld, \"random\": ",
                ms->arch == ARCH_MLP ? "mlp" : "quad", ms->rho, ms->n_params,

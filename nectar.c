@@ -1369,8 +1369,48 @@ void doccache_free(DocCache *dc) {
 /* ------------------------------------------------------------------------ */
 /* 5. Evaluation                                                            */
 
-/* The three models of an evaluation, their scratch, and the counts summed
- * over the prompts. */
+/* What an evaluation sums over prompts: next-token counts and KLs, and
+ * the modules' errors. */
+typedef struct {
+    long positions, hits_full, hits_nectar, hits_nodoc, agree, agree_nodoc;
+    double kl, kl_nodoc;
+    double *score_se, *target_se; /* (L) sums of (a - alpha)^2 and ||A_theta - A||^2 */
+    double *rte_sum;            /* (L, H) sums of log(||A_theta - A||^2 / ||q - A||^2) */
+    long *layer_samples;        /* (L) module evaluations per layer */
+} Sums;
+
+static void sums_clear(Sums *s, int L, int H) {
+    s->positions = s->hits_full = s->hits_nectar = s->hits_nodoc = s->agree = s->agree_nodoc = 0;
+    s->kl = s->kl_nodoc = 0;
+    memset(s->score_se, 0, L * sizeof(double));
+    memset(s->target_se, 0, L * sizeof(double));
+    memset(s->rte_sum, 0, (size_t)L * H * sizeof(double));
+    memset(s->layer_samples, 0, L * sizeof(long));
+}
+
+static void sums_alloc(Sums *s, int L, int H) {
+    memset(s, 0, sizeof(*s));
+    s->score_se = xmalloc(L * sizeof(double));
+    s->target_se = xmalloc(L * sizeof(double));
+    s->rte_sum = xmalloc((size_t)L * H * sizeof(double));
+    s->layer_samples = xmalloc(L * sizeof(long));  /* xmalloc zeroes */
+}
+
+static void sums_free(Sums *s) { free(s->score_se); free(s->target_se); free(s->rte_sum); free(s->layer_samples); }
+
+static void sums_add(Sums *to, const Sums *from, int L, int H) {
+    to->positions += from->positions; to->hits_full += from->hits_full; to->hits_nectar += from->hits_nectar;
+    to->hits_nodoc += from->hits_nodoc; to->agree += from->agree; to->agree_nodoc += from->agree_nodoc;
+    to->kl += from->kl; to->kl_nodoc += from->kl_nodoc;
+    for (int l = 0; l < L; l++) {
+        to->score_se[l] += from->score_se[l]; to->target_se[l] += from->target_se[l];
+        to->layer_samples[l] += from->layer_samples[l];
+        for (int h = 0; h < H; h++) to->rte_sum[l * H + h] += from->rte_sum[l * H + h];
+    }
+}
+
+/* The three models of an evaluation, their scratch, one prompt's sums, and
+ * the sums of each split (0: every prompt, 1: the challenge split). */
 typedef struct {
     Document full, nectar;
     RunState sf, sn, s0;        /* full cache (with taps), Nectar, no document */
@@ -1379,9 +1419,7 @@ typedef struct {
     int *nodoc_input;           /* (n_nodoc_prefix + max_len) a prompt after the no-document prefix */
     float *q, *a, *A;           /* (max_len group, d), (max_len group), (max_len group, d) */
     double *lp_full, *lp_other; /* (V) log-probabilities */
-    double *rte_sum;            /* (L, H) sums of log(||A_theta - A||^2 / ||q - A||^2) */
-    long *layer_samples;        /* (L) module evaluations per layer */
-    long hits_full, hits_nectar, hits_nodoc, agree, agree_nodoc;
+    Sums prompt, split[2];
 } Evaluation;
 
 static void evaluation_start(Evaluation *e, const Model *m, const DocCache *doc, const ModuleSet *ms,
@@ -1404,13 +1442,14 @@ static void evaluation_start(Evaluation *e, const Model *m, const DocCache *doc,
     e->q = xmalloc((size_t)max_len * group * d * sizeof(float));
     e->lp_full = xmalloc(V * sizeof(double));
     e->lp_other = xmalloc(V * sizeof(double));
-    e->rte_sum = xmalloc((size_t)L * H * sizeof(double));
-    e->layer_samples = xmalloc(L * sizeof(long));
+    sums_alloc(&e->prompt, L, H);
+    sums_alloc(&e->split[0], L, H);
+    sums_alloc(&e->split[1], L, H);
 }
 
 static void evaluation_free(Evaluation *e) {
     free(e->nodoc_input); free(e->a); free(e->A); free(e->q); free(e->lp_full); free(e->lp_other);
-    free(e->rte_sum); free(e->layer_samples);
+    sums_free(&e->prompt); sums_free(&e->split[0]); sums_free(&e->split[1]);
     modulework_free(&e->work);
     runstate_free(&e->sf); runstate_free(&e->sn); runstate_free(&e->s0);
 }
@@ -1428,9 +1467,9 @@ static int after_nodoc_prefix(const PromptSet *p, const int *prompt, int len, in
 
 /* One prompt through the full-cache, Nectar and no-document models: the
  * next-token predictions at positions 0 .. len-2 against the true next
- * token and against the full cache's. */
-static int count_next_tokens(Evaluation *e, const Model *m, const PromptSet *p, const int *prompt, int len,
-                             EvalResult *r) {
+ * token and against the full cache's, into e->prompt. */
+static int count_next_tokens(Evaluation *e, const Model *m, const PromptSet *p, const int *prompt, int len) {
+    Sums *r = &e->prompt;
     int V = m->config.vocab_size;
     int prefix = after_nodoc_prefix(p, prompt, len, e->nodoc_input);
     if (forward(m, &e->sf, &e->full, prompt, len, 0, LOGITS_ALL) != 0 ||
@@ -1441,24 +1480,26 @@ static int count_next_tokens(Evaluation *e, const Model *m, const PromptSet *p, 
         const float *l0 = e->s0.logits + (size_t)(t + prefix) * V;
         int top_full = argmax(lf, V), top_nectar = argmax(ln, V), top_nodoc = argmax(l0, V);
         int truth = prompt[t + 1];
-        e->hits_full += top_full == truth;
-        e->hits_nectar += top_nectar == truth;
-        e->hits_nodoc += top_nodoc == truth;
-        e->agree += top_nectar == top_full;
-        e->agree_nodoc += top_nodoc == top_full;
+        r->hits_full += top_full == truth;
+        r->hits_nectar += top_nectar == truth;
+        r->hits_nodoc += top_nodoc == truth;
+        r->agree += top_nectar == top_full;
+        r->agree_nodoc += top_nodoc == top_full;
         log_softmax(lf, V, e->lp_full);
         log_softmax(ln, V, e->lp_other);
         r->kl += kl_divergence(e->lp_full, e->lp_other, V);
         log_softmax(l0, V, e->lp_other);
         r->kl_nodoc += kl_divergence(e->lp_full, e->lp_other, V);
-        r->n_positions++;
+        r->positions++;
     }
     return 0;
 }
 
 /* The modules on the queries the full-cache model just saw (its taps),
- * against the exact document state at each of the len positions. */
-static void count_module_fit(Evaluation *e, const Model *m, const ModuleSet *ms, int len, EvalResult *r) {
+ * against the exact document state at each of the len positions, into
+ * e->prompt. */
+static void count_module_fit(Evaluation *e, const Model *m, const ModuleSet *ms, int len) {
+    Sums *r = &e->prompt;
     const Config *c = &m->config;
     int L = c->n_layers, H = c->n_heads, G = c->n_kv_heads, D = c->dim, d = D / H, group = H / G;
     for (int l = 0; l < L; l++)
@@ -1479,31 +1520,32 @@ static void count_module_fit(Evaluation *e, const Model *m, const ModuleSet *ms,
                         err += diff * diff;
                         base += b * b;
                     }
-                    r->score_mse_layer[l] += da * da;
-                    r->target_mse_layer[l] += err;
+                    r->score_se[l] += da * da;
+                    r->target_se[l] += err;
                     /* log(||A_theta - A||^2 / ||q - A||^2), guarded against log 0 */
-                    e->rte_sum[l * H + h] += log((err + 1e-30) / (base + 1e-30));
-                    e->layer_samples[l]++;
+                    r->rte_sum[l * H + h] += log((err + 1e-30) / (base + 1e-30));
+                    r->layer_samples[l]++;
                 }
         }
 }
 
-/* The sums over the prompts into means; RTE as exp of the mean over
- * (layer, query head) groups of their mean log ratio. */
-static void evaluation_means(const Evaluation *e, int L, int H, EvalResult *r) {
+/* A split's sums into its means; RTE as exp of the mean over (layer,
+ * query head) groups of their mean log ratio. */
+static void evaluation_means(const Sums *e, int L, int H, EvalResult *r) {
+    r->n_positions = (int)e->positions;
     if (r->n_positions == 0) return;
     double n = r->n_positions;
     r->acc_full = e->hits_full / n; r->acc_nectar = e->hits_nectar / n; r->acc_nodoc = e->hits_nodoc / n;
     r->agree = e->agree / n; r->agree_nodoc = e->agree_nodoc / n;
-    r->kl /= n; r->kl_nodoc /= n;
+    r->kl = e->kl / n; r->kl_nodoc = e->kl_nodoc / n;
     long total = 0;
     double log_rte = 0;
     for (int l = 0; l < L; l++) {
-        r->score_mse += r->score_mse_layer[l];
-        r->target_mse += r->target_mse_layer[l];
+        r->score_mse += e->score_se[l];
+        r->target_mse += e->target_se[l];
         total += e->layer_samples[l];
-        r->score_mse_layer[l] /= e->layer_samples[l];
-        r->target_mse_layer[l] /= e->layer_samples[l];
+        r->score_mse_layer[l] = e->score_se[l] / e->layer_samples[l];
+        r->target_mse_layer[l] = e->target_se[l] / e->layer_samples[l];
         /* each (layer, head) has layer_samples[l] / H queries */
         for (int h = 0; h < H; h++) log_rte += e->rte_sum[l * H + h] / (e->layer_samples[l] / H);
     }
@@ -1538,32 +1580,41 @@ static int evaluation_check(const Model *m, const DocCache *doc, const ModuleSet
 }
 
 int evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
-             int challenge_only, EvalResult *r) {
-    const Config *c = &m->config;
-    memset(r, 0, sizeof(*r));
-    r->score_mse_layer = xmalloc(c->n_layers * sizeof(double));
-    r->target_mse_layer = xmalloc(c->n_layers * sizeof(double));
+             EvalResult *all, EvalResult *challenge) {
+    int L = m->config.n_layers, H = m->config.n_heads;
+    EvalResult *split[2] = {all, challenge};
+    for (int k = 0; k < 2; k++) {
+        memset(split[k], 0, sizeof(EvalResult));
+        split[k]->score_mse_layer = xmalloc(L * sizeof(double));
+        split[k]->target_mse_layer = xmalloc(L * sizeof(double));
+    }
     int max_len = promptset_max_len(prompts), rc = evaluation_check(m, doc, ms, prompts, max_len);
     if (rc == 0) {
         Evaluation e;
         evaluation_start(&e, m, doc, ms, prompts, max_len);
         for (int i = 0; i < prompts->n_prompts && rc == 0; i++) {
-            if (challenge_only && !prompts->challenge[i]) continue;
             int len = prompts->offsets[i + 1] - prompts->offsets[i];
-            r->n_prompts++;
-            rc = count_next_tokens(&e, m, prompts, prompts->tokens + prompts->offsets[i], len, r);
-            if (rc == 0) count_module_fit(&e, m, ms, len, r);
+            sums_clear(&e.prompt, L, H);
+            rc = count_next_tokens(&e, m, prompts, prompts->tokens + prompts->offsets[i], len);
+            if (rc == 0) count_module_fit(&e, m, ms, len);
+            for (int k = 0; k < 2 && rc == 0; k++)
+                if (k == 0 || prompts->challenge[i]) {
+                    sums_add(&e.split[k], &e.prompt, L, H);
+                    split[k]->n_prompts++;
+                }
         }
-        if (rc == 0) evaluation_means(&e, c->n_layers, c->n_heads, r);
+        for (int k = 0; k < 2 && rc == 0; k++) evaluation_means(&e.split[k], L, H, split[k]);
         evaluation_free(&e);
     }
-    if (rc == 0 && (!isfinite(r->kl) || !isfinite(r->score_mse) || !isfinite(r->target_mse) || !isfinite(r->rte))) {
+    /* the challenge split's sums are part of these (and none of them negative but RTE's logs) */
+    if (rc == 0 && (!isfinite(all->kl) || !isfinite(all->score_mse) || !isfinite(all->target_mse) ||
+                    !isfinite(all->rte))) {
         fprintf(stderr, "error: the modules' outputs on the held-out prompts are not finite (KL %g, score MSE %g, "
-                "target MSE %g): they diverged in fitting or are corrupt\n", r->kl, r->score_mse, r->target_mse);
+                "target MSE %g): they diverged in fitting or are corrupt\n", all->kl, all->score_mse, all->target_mse);
         rc = -1;
     }
-    if (rc == 0) rc = evaluate_answers(m, doc, ms, prompts, challenge_only, r);
-    if (rc != 0) evalresult_free(r);
+    if (rc == 0) rc = evaluate_answers(m, doc, ms, prompts, all, challenge);
+    if (rc != 0) { evalresult_free(all); evalresult_free(challenge); }
     return rc;
 }
 
@@ -1644,13 +1695,13 @@ double answer_prefix_fraction(const int *ref, int n_ref, const int *got, int n_g
     return n_ref > 0 ? (double)k / n_ref : 1.0;
 }
 
-/* The prompts with a question part (within the split asked for; none when
- * answers may have no token): their count, and the longest question. */
-static int answer_prompts(const PromptSet *p, int challenge_only, int *max_question) {
+/* The prompts with a question part (none when answers may have no token):
+ * their count, and the longest question. */
+static int answer_prompts(const PromptSet *p, int *max_question) {
     int count = 0;
     *max_question = 1;
     for (int i = 0; p->question_len && p->answer_cap > 0 && i < p->n_prompts; i++) {
-        if (p->question_len[i] == 0 || (challenge_only && !p->challenge[i])) continue;
+        if (p->question_len[i] == 0) continue;
         count++;
         if (p->question_len[i] > *max_question) *max_question = p->question_len[i];
     }
@@ -1700,10 +1751,27 @@ static void answer_means(EvalResult *r) {
     r->answer_prefix = prefix / r->n_answers;
 }
 
+/* The challenge split's answers: those of `all` whose prompts are marked. */
+static void challenge_answers(const PromptSet *p, const EvalResult *all, EvalResult *r) {
+    size_t per = (size_t)3 * all->answer_cap;  /* an answer's three rollouts */
+    r->answer_cap = all->answer_cap;
+    r->answer_prompt = xmalloc((all->n_answers + 1) * sizeof(int));
+    r->answer_len = xmalloc(((size_t)all->n_answers * 3 + 1) * sizeof(int));
+    r->answer_tokens = xmalloc((all->n_answers * per + 1) * sizeof(int));
+    for (int a = 0; a < all->n_answers; a++) {
+        if (!p->challenge[all->answer_prompt[a]]) continue;
+        int b = r->n_answers++;
+        r->answer_prompt[b] = all->answer_prompt[a];
+        memcpy(r->answer_len + (size_t)b * 3, all->answer_len + (size_t)a * 3, 3 * sizeof(int));
+        memcpy(r->answer_tokens + b * per, all->answer_tokens + a * per, per * sizeof(int));
+    }
+    answer_means(r);
+}
+
 int evaluate_answers(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
-                     int challenge_only, EvalResult *r) {
+                     EvalResult *r, EvalResult *challenge) {
     int max_question, K = prompts->n_nodoc_prefix;
-    r->n_answers = answer_prompts(prompts, challenge_only, &max_question);
+    r->n_answers = answer_prompts(prompts, &max_question);
     /* the same cap for all three: where the context ends after the document (or the prefix) */
     int room = m->config.seq_len - (doc->n > K ? doc->n : K) - max_question;
     int cap = prompts->answer_cap < room ? prompts->answer_cap : room;
@@ -1716,10 +1784,10 @@ int evaluate_answers(const Model *m, const DocCache *doc, const ModuleSet *ms, c
     r->answer_prompt = xmalloc((r->n_answers + 1) * sizeof(int));
     r->answer_len = xmalloc(((size_t)r->n_answers * 3 + 1) * sizeof(int));
     r->answer_tokens = xmalloc(((size_t)r->n_answers * 3 * r->answer_cap + 1) * sizeof(int));
-    if (r->n_answers == 0) return 0;
+    if (r->n_answers == 0) { challenge_answers(prompts, r, challenge); return 0; }
     int stride = 1 + K + max_question, *nodoc_input = xmalloc((size_t)r->n_answers * stride * sizeof(int));
     for (int i = 0, a = 0; i < prompts->n_prompts; i++) {
-        if (prompts->question_len[i] == 0 || (challenge_only && !prompts->challenge[i])) continue;
+        if (prompts->question_len[i] == 0) continue;
         int *at = nodoc_input + (size_t)a * stride;  /* (1 + K + max_question): the length, then the tokens */
         at[0] = after_nodoc_prefix(prompts, prompts->tokens + prompts->offsets[i], prompts->question_len[i], at + 1) +
                 prompts->question_len[i];
@@ -1729,7 +1797,10 @@ int evaluate_answers(const Model *m, const DocCache *doc, const ModuleSet *ms, c
     int rc = 0;
     for (int k = 0; k < 3 && rc == 0; k++)
         rc = answer_run(m, &runs[k], k, prompts, nodoc_input, stride, K + max_question, cap, r);
-    if (rc == 0) answer_means(r);
+    if (rc == 0) {
+        answer_means(r);
+        challenge_answers(prompts, r, challenge);
+    }
     free(nodoc_input);
     return rc;
 }

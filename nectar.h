@@ -451,10 +451,11 @@ typedef struct {
 } EvalResult;
 
 /* Runs the full-cache, Nectar and no-document models over each prompt of
- * `prompts` placed after the document (challenge_only: only those marked).
- * Returns -1 with a message if the modules' outputs are not finite. */
+ * `prompts` placed after the document, once: the metrics of them all into
+ * `all`, of those marked challenge into `challenge`. Returns -1 with a
+ * message if the modules' outputs are not finite. */
 int  evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
-              int challenge_only, EvalResult *r);
+              EvalResult *all, EvalResult *challenge);
 /* Generations, many at once: rollout k writes tokens after its question (at
  * local position 0 of sequence j, its place among those with a question and
  * room), argmax (greedy; sampler NULL) or drawn by the sampler, until one
@@ -478,10 +479,10 @@ double answer_prefix_fraction(const int *ref, int n_ref, const int *got, int n_g
  * answer_prefix and the answers themselves): the full-cache, Nectar and
  * no-document answers (rollouts, greedy; without the document the question
  * follows the set's nodoc_prefix; the cap shortened where the context ends)
- * of every prompt with a question part (challenge_only: only those
- * marked). evaluate calls it. */
+ * of every prompt with a question part into `all`, and those of the ones
+ * marked challenge into `challenge`. evaluate calls it. */
 int  evaluate_answers(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
-                      int challenge_only, EvalResult *r);
+                      EvalResult *all, EvalResult *challenge);
 void evalresult_free(EvalResult *r);
 /* The longest prompt's length (at least 1). */
 int  promptset_max_len(const PromptSet *p);

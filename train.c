@@ -978,8 +978,7 @@ static int resume(const Options *o, Fit *f, uint64_t run_hash) {
 static int evaluate_and_save(const Options *o, const Inputs *in, ModuleSet *ms, double fit_seconds, double t_start) {
     const Config *c = &in->model.config;
     EvalResult random_split, challenge_split;
-    if (evaluate(&in->model, &in->cache, ms, &ms->heldout, 0, &random_split) != 0) return -1;
-    if (evaluate(&in->model, &in->cache, ms, &ms->heldout, 1, &challenge_split) != 0) return -1;
+    if (evaluate(&in->model, &in->cache, ms, &ms->heldout, &random_split, &challenge_split) != 0) return -1;
     if (moduleset_save(ms, o->out_path) != 0) return -1;
     long kv_entries = 2L * in->n_doc * (c->dim / c->n_heads) * c->n_layers * c->n_kv_heads;
     fprintf(stderr, "wrote %s: %zu parameters, %.1f KB (document KV state: %.1f KB)\n", o->out_path,

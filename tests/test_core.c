@@ -1049,8 +1049,8 @@ static void test_evaluate_metrics_match_definitions(void) {
         for (int j = 0; j < NDOC; j++)
             for (int k = 0; k < d; k++) ms.modules[i].params[(size_t)(NDOC + j) * d + k] += u[(size_t)i * d + k];
 
-    EvalResult r;
-    check("evaluate runs", evaluate(&m, &cache, &ms, &prompts, 0, &r) == 0);
+    EvalResult r, challenge_split;
+    check("evaluate runs", evaluate(&m, &cache, &ms, &prompts, &r, &challenge_split) == 0);
 
     /* the same quantities from forward passes of our own */
     Document nectar = {DOC_NECTAR, NDOC, NULL, &ms};
@@ -1110,7 +1110,7 @@ static void test_evaluate_metrics_match_definitions(void) {
     check("score MSE is 0 to float precision (alpha exact)", r.score_mse < 1e-9);
     printf("    %.0f positions: %.0f right (full), %.0f right (Nectar), %.0f agree\n", positions, hits_full, hits_nectar, agree);
     check("accuracy, agreement and KL are not trivial here", agree > 0 && agree < positions && kl > 1e-4);
-    evalresult_free(&r);
+    evalresult_free(&r); evalresult_free(&challenge_split);
     free(log_ratio); free(u);
     runstate_free(&sf); runstate_free(&sn);
     moduleset_free(&ms);
@@ -1212,6 +1212,39 @@ static void check_answer_split(const EvalResult *r, const AnswerCount *a, int sp
     check("the stop token ends some answers", a->stopped > 0 && a->stopped < a->n);
 }
 
+/* The challenge split's metrics from evaluate's one pass are those of the
+ * challenge prompts evaluated alone, to the bit: the same sums in the same
+ * order. */
+static void check_challenge_split(const Model *m, const DocCache *cache, const ModuleSet *ms, const PromptSet *p,
+                                  const EvalResult *got) {
+    int offsets[64], tokens[512], question_len[64], n = 0;
+    unsigned char marked[64];
+    offsets[0] = 0;
+    for (int i = 0; i < p->n_prompts; i++) {
+        if (!p->challenge[i]) continue;
+        int len = p->offsets[i + 1] - p->offsets[i];
+        memcpy(tokens + offsets[n], p->tokens + p->offsets[i], len * sizeof(int));
+        question_len[n] = p->question_len[i];
+        marked[n] = 1;
+        offsets[n + 1] = offsets[n] + len;
+        n++;
+    }
+    PromptSet alone = *p;
+    alone.n_prompts = n; alone.offsets = offsets; alone.tokens = tokens;
+    alone.question_len = question_len; alone.challenge = marked;
+    EvalResult r[2];
+    int ran = evaluate(m, cache, ms, &alone, &r[0], &r[1]) == 0;
+    int ok = ran && r[0].kl == got->kl && r[0].kl_nodoc == got->kl_nodoc && r[0].agree == got->agree &&
+         r[0].acc_nectar == got->acc_nectar && r[0].target_mse == got->target_mse && r[0].rte == got->rte &&
+         r[0].n_positions == got->n_positions && r[0].n_answers == got->n_answers &&
+         r[0].answer_match == got->answer_match && r[0].answer_prefix == got->answer_prefix &&
+         r[0].answer_cap == got->answer_cap &&
+         !memcmp(r[0].answer_len, got->answer_len, 3 * got->n_answers * sizeof(int)) &&
+         !memcmp(r[0].answer_tokens, got->answer_tokens, (size_t)3 * got->n_answers * got->answer_cap * sizeof(int));
+    check("challenge split of one pass = its prompts evaluated alone, bit for bit", ok);
+    if (ran) { evalresult_free(&r[0]); evalresult_free(&r[1]); }
+}
+
 /* A document (random tokens, or BOS alone: then the no-document model, whose
  * prefix is BOS, sees the same sequence as the full cache), quadrature
  * modules W = K, Z = V + u (u = 0: the oracle, which returns the exact
@@ -1252,14 +1285,14 @@ static void test_answer_metrics_match_definitions(const char *name, int n_doc, f
             for (int j = 0; j < n_doc; j++) ms.modules[i].params[(size_t)(n_doc + j) * d + k] += u;
         }
     Document runs[3] = {full, {DOC_NECTAR, n_doc, NULL, &ms}, NO_DOCUMENT};
+    EvalResult r[2];
+    check("evaluate runs", evaluate(&m, &cache, &ms, &prompts, &r[0], &r[1]) == 0);
     for (int split = 0; split < 2; split++) {
-        EvalResult r;
-        check(split ? "evaluate runs (challenge split)" : "evaluate runs (random split)",
-              evaluate(&m, &cache, &ms, &prompts, split, &r) == 0);
-        AnswerCount a = count_answers(&m, runs, &prompts, split, &r);
-        check_answer_split(&r, &a, split, n_doc, expect_oracle);
-        evalresult_free(&r);
+        AnswerCount a = count_answers(&m, runs, &prompts, split, &r[split]);
+        check_answer_split(&r[split], &a, split, n_doc, expect_oracle);
     }
+    check_challenge_split(&m, &cache, &ms, &prompts, &r[1]);
+    evalresult_free(&r[0]); evalresult_free(&r[1]);
     moduleset_free(&ms);
     doccache_free(&cache);
     model_free(&m);
