@@ -1369,6 +1369,25 @@ void doccache_free(DocCache *dc) {
 /* ------------------------------------------------------------------------ */
 /* 5. Evaluation                                                            */
 
+/* A progress line with an ETA for a long loop, shown once it has run 2 s
+ * (a short one, as in the tests, stays quiet). */
+typedef struct { const char *what; int total, done, shown; double t0; } EvalProgress;
+
+static EvalProgress eval_progress_start(const char *what, int total) {
+    return (EvalProgress){what, total, 0, 0, now_seconds()};
+}
+
+static void eval_progress_step(EvalProgress *p) {
+    p->done++;
+    if (now_seconds() - p->t0 < 2) return;
+    print_progress(p->what, p->done, p->total, p->t0);
+    p->shown = 1;
+}
+
+static void eval_progress_end(const EvalProgress *p) {
+    if (p->shown) fputc('\n', stderr);
+}
+
 /* What an evaluation sums over prompts: next-token counts and KLs, and
  * the modules' errors. */
 typedef struct {
@@ -1592,6 +1611,7 @@ int evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const Pro
     if (rc == 0) {
         Evaluation e;
         evaluation_start(&e, m, doc, ms, prompts, max_len);
+        EvalProgress progress = eval_progress_start("evaluation: held-out prompts", prompts->n_prompts);
         for (int i = 0; i < prompts->n_prompts && rc == 0; i++) {
             int len = prompts->offsets[i + 1] - prompts->offsets[i];
             sums_clear(&e.prompt, L, H);
@@ -1602,7 +1622,9 @@ int evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const Pro
                     sums_add(&e.split[k], &e.prompt, L, H);
                     split[k]->n_prompts++;
                 }
+            eval_progress_step(&progress);
         }
+        eval_progress_end(&progress);
         for (int k = 0; k < 2 && rc == 0; k++) evaluation_means(&e.split[k], L, H, split[k]);
         evaluation_free(&e);
     }
@@ -1713,7 +1735,7 @@ static int answer_prompts(const PromptSet *p, int *max_question) {
  * each question after the set's prefix (nodoc_input: (n_answers, stride)). */
 enum { ROLLOUT_BATCH = 16 };
 static int answer_run(const Model *m, const Document *run, int k, const PromptSet *p, const int *nodoc_input,
-                      int stride, int max_question, int cap, EvalResult *r) {
+                      int stride, int max_question, int cap, EvalResult *r, EvalProgress *progress) {
     RunState s;
     int block = max_question > ROLLOUT_BATCH ? max_question : ROLLOUT_BATCH, rc = 0;
     runstate_alloc_seqs(&s, m, run, block, max_question + cap, ROLLOUT_BATCH);
@@ -1727,6 +1749,7 @@ static int answer_run(const Model *m, const Document *run, int k, const PromptSe
                                  r->answer_tokens + ((size_t)a * 3 + k) * r->answer_cap, 0};
         }
         rc = rollouts(m, &s, run, p->answer_stop, NULL, batch, n);
+        eval_progress_step(progress);
         for (int j = 0; j < n && rc == 0; j++) r->answer_len[(size_t)(first + j) * 3 + k] = batch[j].len;
     }
     runstate_free(&s);
@@ -1794,9 +1817,12 @@ int evaluate_answers(const Model *m, const DocCache *doc, const ModuleSet *ms, c
         r->answer_prompt[a++] = i;
     }
     Document runs[3] = {{DOC_EXACT, doc->n, doc, NULL}, {DOC_NECTAR, ms->n_doc, NULL, ms}, NO_DOCUMENT};
-    int rc = 0;
+    int rc = 0, batches = (r->n_answers + ROLLOUT_BATCH - 1) / ROLLOUT_BATCH;
+    EvalProgress progress = eval_progress_start("evaluation: answer batches (full cache, Nectar, no document)",
+                                                3 * batches);
     for (int k = 0; k < 3 && rc == 0; k++)
-        rc = answer_run(m, &runs[k], k, prompts, nodoc_input, stride, K + max_question, cap, r);
+        rc = answer_run(m, &runs[k], k, prompts, nodoc_input, stride, K + max_question, cap, r, &progress);
+    eval_progress_end(&progress);
     if (rc == 0) {
         answer_means(r);
         challenge_answers(prompts, r, challenge);
