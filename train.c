@@ -42,6 +42,7 @@ typedef struct {
     ModuleArch arch;
     float rho, lr, weight_decay, warmup_fraction, lambda_alpha, lambda_A, lambda_kl;
     int steps, batch, kl_prompts, n_prompts, n_tasks, prompt_len, answer_len, checkpoint_every, stop_after, json;
+    int eval_train;  /* --eval-train: the metrics on the training prompts too */
     int teacher_logits_mb;  /* the teacher's logits are kept up to this size, else recomputed */
     int gpu;
     int chat;  /* 1: --chat, 0: --no-chat, -1: as the model is (load_inputs decides) */
@@ -100,6 +101,8 @@ static void usage(FILE *f) {
         "  --stop-after N    stop after step N (with a checkpoint), as if interrupted\n"
         "  -s SEED           seed of prompts, split, init and batches (default 1234)\n"
         "  --json            one JSON object on stdout instead of tables\n"
+        "  --eval-train      the metrics on the training prompts too (what the fit saw; against the\n"
+        "                    held-out ones, what generalising to new prompts costs)\n"
         "  --gpu             fit on the GPU (builds with nvcc)\n"
         "  --help            this text\n");
 }
@@ -230,6 +233,7 @@ static int parse_options(int argc, char **argv, Options *o) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
         if (!strcmp(a, "--json")) { o->json = 1; continue; }
+        if (!strcmp(a, "--eval-train")) { o->eval_train = 1; continue; }
         if (!strcmp(a, "--gpu")) { o->gpu = 1; continue; }
         if (!strcmp(a, "--chat")) { o->chat = 1; continue; }
         if (!strcmp(a, "--no-chat")) { o->chat = 0; continue; }
@@ -973,12 +977,18 @@ static int resume(const Options *o, Fit *f, uint64_t run_hash) {
 /* Metrics and the module file                                              */
 
 /* The metrics on the held-out prompts, all of them and the challenge split
- * (evaluate refuses modules whose outputs are not finite), then the module
- * file with the held-out prompts, then the tables or JSON. */
-static int evaluate_and_save(const Options *o, const Inputs *in, ModuleSet *ms, double fit_seconds, double t_start) {
+ * (evaluate refuses modules whose outputs are not finite), and with
+ * --eval-train on the training prompts; then the module file with the
+ * held-out prompts, then the tables or JSON. */
+static int evaluate_and_save(const Options *o, const Inputs *in, ModuleSet *ms, const PromptSet *fitted,
+                             double fit_seconds, double t_start) {
     const Config *c = &in->model.config;
-    EvalResult random_split, challenge_split;
+    EvalResult random_split, challenge_split, train_split = {0}, unused;
     if (evaluate(&in->model, &in->cache, ms, &ms->heldout, &random_split, &challenge_split) != 0) return -1;
+    if (o->eval_train) {
+        if (evaluate(&in->model, &in->cache, ms, fitted, &train_split, &unused) != 0) return -1;
+        evalresult_free(&unused);
+    }
     if (moduleset_save(ms, o->out_path) != 0) return -1;
     long kv_entries = 2L * in->n_doc * (c->dim / c->n_heads) * c->n_layers * c->n_kv_heads;
     fprintf(stderr, "wrote %s: %zu parameters, %.1f KB (document KV state: %.1f KB)\n", o->out_path,
@@ -991,14 +1001,19 @@ static int evaluate_and_save(const Options *o, const Inputs *in, ModuleSet *ms, 
         print_eval_json(stdout, &random_split);
         printf(", \"challenge\": ");
         print_eval_json(stdout, &challenge_split);
+        if (o->eval_train) {
+            printf(", \"train\": ");
+            print_eval_json(stdout, &train_split);
+        }
         printf("}\n");
     } else {
         print_eval_table(stdout, "held-out prompts (random split)", &random_split, c->n_layers);
         print_eval_table(stdout, "held-out prompts (challenge split)", &challenge_split, c->n_layers);
+        if (o->eval_train) print_eval_table(stdout, "training prompts (what the fit saw)", &train_split, c->n_layers);
     }
     fprintf(stderr, "fitting took %.1fs (%d steps), the whole run %.1fs\n", fit_seconds, o->steps,
             now_seconds() - t_start);
-    evalresult_free(&random_split); evalresult_free(&challenge_split);
+    evalresult_free(&random_split); evalresult_free(&challenge_split); evalresult_free(&train_split);
     return 0;
 }
 
@@ -1066,7 +1081,9 @@ int main(int argc, char **argv) {
     }
 
     /* 6. metrics on the held-out prompts, the module file */
-    if (evaluate_and_save(&o, &in, &ms, fit_seconds, t_start) != 0) return 1;
+    PromptSet fitted = o.eval_train ? select_prompts(all, is_train, 1) : (PromptSet){0};
+    if (evaluate_and_save(&o, &in, &ms, &fitted, fit_seconds, t_start) != 0) return 1;
+    promptset_free(&fitted);
 
     free(fit.adam.m); free(fit.adam.v); free(fit.dlogits); free(is_train);
     runstate_free(&fit.teacher);

@@ -47,6 +47,12 @@ before=$(json "$tmp/init.json" random target_mse) after=$(json "$tmp/fit.json" r
 echo "    held-out target MSE: untrained $before, after 400 steps $after"
 is "$after < 0.5 * $before" && ok "fitting halves held-out target MSE at least" || fail "fitting lowers target MSE"
 
+# --eval-train: the metrics of the training prompts too, as many as the split left to the fit
+train -o "$tmp/x.nectar" --steps 0 --eval-train --json > "$tmp/evaltrain.json" 2> "$tmp/log" || cat "$tmp/log"
+held=$(json "$tmp/evaltrain.json" random n_prompts) fitted=$(json "$tmp/evaltrain.json" train n_prompts)
+is "$held + $fitted == 80 && $fitted == 64 && $(json "$tmp/evaltrain.json" train kl) > 0" &&
+    ok "--eval-train: metrics of the 64 training prompts (80 - 16 held out)" || fail "--eval-train: $held + $fitted"
+
 # pure KL distillation lowers the held-out KL to the full-cache model
 train -o "$tmp/kl.nectar" --steps 200 --loss kl --json > "$tmp/kl.json" 2> "$tmp/log" || cat "$tmp/log"
 before=$(json "$tmp/init.json" random kl) after=$(json "$tmp/kl.json" random kl)
