@@ -1598,6 +1598,9 @@ static int evaluation_check(const Model *m, const DocCache *doc, const ModuleSet
     return 0;
 }
 
+static int evaluate_answers(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
+                            EvalResult *r, EvalResult *challenge);  /* below, after the rollouts */
+
 int evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
              EvalResult *all, EvalResult *challenge) {
     int L = m->config.n_layers, H = m->config.n_heads;
@@ -1611,7 +1614,7 @@ int evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const Pro
     if (rc == 0) {
         Evaluation e;
         evaluation_start(&e, m, doc, ms, prompts, max_len);
-        EvalProgress progress = eval_progress_start("evaluation: held-out prompts", prompts->n_prompts);
+        EvalProgress progress = eval_progress_start("evaluation: prompts", prompts->n_prompts);
         for (int i = 0; i < prompts->n_prompts && rc == 0; i++) {
             int len = prompts->offsets[i + 1] - prompts->offsets[i];
             sums_clear(&e.prompt, L, H);
@@ -1628,7 +1631,7 @@ int evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const Pro
         for (int k = 0; k < 2 && rc == 0; k++) evaluation_means(&e.split[k], L, H, split[k]);
         evaluation_free(&e);
     }
-    /* the challenge split's sums are part of these (and none of them negative but RTE's logs) */
+    /* the challenge split's sums are parts of these: a term that is not finite makes every sum it is in so */
     if (rc == 0 && (!isfinite(all->kl) || !isfinite(all->score_mse) || !isfinite(all->target_mse) ||
                     !isfinite(all->rte))) {
         fprintf(stderr, "error: the modules' outputs on the held-out prompts are not finite (KL %g, score MSE %g, "
@@ -1777,6 +1780,7 @@ static void answer_means(EvalResult *r) {
 /* The challenge split's answers: those of `all` whose prompts are marked. */
 static void challenge_answers(const PromptSet *p, const EvalResult *all, EvalResult *r) {
     size_t per = (size_t)3 * all->answer_cap;  /* an answer's three rollouts */
+    r->n_answers = 0;
     r->answer_cap = all->answer_cap;
     r->answer_prompt = xmalloc((all->n_answers + 1) * sizeof(int));
     r->answer_len = xmalloc(((size_t)all->n_answers * 3 + 1) * sizeof(int));
@@ -1791,8 +1795,14 @@ static void challenge_answers(const PromptSet *p, const EvalResult *all, EvalRes
     answer_means(r);
 }
 
-int evaluate_answers(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
-                     EvalResult *r, EvalResult *challenge) {
+/* The answer metrics of r (n_answers, answer_match, answer_match_nodoc,
+ * answer_prefix and the answers themselves): the full-cache, Nectar and
+ * no-document answers (rollouts, greedy; without the document the question
+ * follows the set's nodoc_prefix; one cap for all, shortened where the
+ * context ends) of every prompt with a question part; the challenge split's
+ * are the same rollouts of its prompts. */
+static int evaluate_answers(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
+                            EvalResult *r, EvalResult *challenge) {
     int max_question, K = prompts->n_nodoc_prefix;
     r->n_answers = answer_prompts(prompts, &max_question);
     /* the same cap for all three: where the context ends after the document (or the prefix) */

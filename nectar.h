@@ -439,7 +439,7 @@ typedef struct {
     double rte;                   /* exp(mean over (layer, query head) of mean log(||A_theta - A||^2 / ||q - A||^2)) */
     double *score_mse_layer, *target_mse_layer;  /* (L) */
     /* answers: greedy rollouts after the question part of each prompt that
-     * has one (evaluate_answers) */
+     * has one */
     int n_answers;                /* prompts with a question part */
     double answer_match;          /* fraction whose Nectar answer equals the full cache's, token for token */
     double answer_match_nodoc;    /* the same for the no-document model */
@@ -475,14 +475,6 @@ int  rollouts(const Model *m, RunState *s, const Document *doc, const int stop[2
 /* The fraction of ref's n_ref tokens that got reproduces before the first
  * token where they differ (1 when ref is empty). */
 double answer_prefix_fraction(const int *ref, int n_ref, const int *got, int n_got);
-/* The answer metrics of r (n_answers, answer_match, answer_match_nodoc,
- * answer_prefix and the answers themselves): the full-cache, Nectar and
- * no-document answers (rollouts, greedy; without the document the question
- * follows the set's nodoc_prefix; the cap shortened where the context ends)
- * of every prompt with a question part into `all`, and those of the ones
- * marked challenge into `challenge`. evaluate calls it. */
-int  evaluate_answers(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
-                      EvalResult *all, EvalResult *challenge);
 void evalresult_free(EvalResult *r);
 /* The longest prompt's length (at least 1). */
 int  promptset_max_len(const PromptSet *p);

@@ -3,7 +3,8 @@
  *   ./train -m model.bin -z tokenizer.bin -d doc.txt -o doc.nectar --arch mlp --rho 0.1
  *
  * main reads as its steps:
- * 1. the model, the tokenizer and the document's KV cache;
+ * 1. the model, the tokenizer and the document's KV cache; the modules
+ *    within the budget (and --init's file) checked before the long steps;
  * 2. self-study prompts (selfstudy.c): document spans to quote,
  *    continuations of them, tasks the full-cache model writes about the
  *    document and answers, and prompts from a file; a seeded 80/20 split
@@ -11,7 +12,7 @@
  * 3. teacher pass: the full-cache model runs every prompt after the document
  *    and records, per position, layer and query head, q, alpha(q) and A(q);
  *    the challenge subset of the held-out prompts;
- * 4. the modules within the budget, initialised;
+ * 4. the modules initialised (from the teacher's data, the cache, or --init);
  * 5. fitting: per (layer, KV head) module, AdamW with warmup and cosine
  *    decay, global gradient clipping at 1.0, on the CPU or (--gpu, in a
  *    build with nvcc) the GPU, each layer's modules batched;
@@ -143,7 +144,7 @@ static int parse_value_option(const char *a, const char *v, Options *o) {
                             &o->init_path, &o->groups};
     static const char *path_names[] = {"-m", "-z", "-d", "-D", "-o", "--prompts", "--prompt-ids", "--checkpoint",
                                        "--resume", "--init", "--groups"};
-    for (int k = 0; k < 11; k++)
+    for (size_t k = 0; k < sizeof path_names / sizeof *path_names; k++)
         if (!strcmp(a, path_names[k])) { *paths[k] = v; return 0; }
     float *floats[] = {&o->rho, &o->lr, &o->weight_decay, &o->warmup_fraction, &o->lambda_alpha, &o->lambda_A,
                        &o->lambda_kl};
@@ -621,25 +622,39 @@ static int same_prompts(const PromptSet *a, const PromptSet *b) {
                       !memcmp(a->tokens, b->tokens, (size_t)a->offsets[n] * sizeof(int)));
 }
 
-/* --init: the modules of the file at path (loaded, for this model and
- * document) into ms, if they have the same architecture and shape and held
- * out the same prompts (modules that saw this run's held-out prompts in
- * their fit would flatter its metrics). */
-static int init_from_file(const char *path, const ModuleSet *file, ModuleSet *ms) {
+/* --init's file, loaded into `file` for this model and document if its
+ * modules have the shape of ms (the modules this run makes): 0, or -1 after
+ * a sentence. */
+static int load_init(const char *path, const Inputs *in, const ModuleSet *ms, ModuleSet *file) {
+    if (moduleset_load(file, path, in->model.fingerprint, in->cache.fingerprint) != 0) return -1;
     const char *why = NULL;
-    if (file->arch != ms->arch || file->n_params != ms->n_params || file->depth_backbone != ms->depth_backbone ||
-        file->depth_score != ms->depth_score || file->depth_target != ms->depth_target)
+    if (file->n_layers != ms->n_layers || file->n_kv_heads != ms->n_kv_heads || file->head_size != ms->head_size ||
+        file->n_doc != ms->n_doc)
+        why = "its modules are for another model shape or document length; the file is corrupt";
+    else if (file->arch != ms->arch || file->n_params != ms->n_params || file->depth_backbone != ms->depth_backbone ||
+             file->depth_score != ms->depth_score || file->depth_target != ms->depth_target)
         why = "its modules have another architecture, depth or budget";
     for (int i = 0; !why && i < ms->n_layers * ms->n_kv_heads; i++)
         if (file->modules[i].n_params != ms->modules[i].n_params) why = "its modules have other sizes (--groups)";
-    if (!why && !same_prompts(&file->heldout, &ms->heldout))
-        why = "it held out other prompts (other self-study options or seed)";
+    if (!why) return 0;
+    fprintf(stderr, "error: --init %s: %s\n", path, why);
+    moduleset_free(file);
+    return -1;
+}
+
+/* --init: the modules of `file` (load_init) into ms, if they held out this
+ * run's held-out prompts (modules that saw them in their fit would flatter
+ * its metrics); file is freed. */
+static int init_from_file(const char *path, ModuleSet *file, ModuleSet *ms) {
+    const char *why = same_prompts(&file->heldout, &ms->heldout) ? NULL
+                      : "it held out other prompts (other self-study options or seed)";
     if (why) fprintf(stderr, "error: --init %s: %s\n", path, why);
     else {
         memcpy(ms->params, file->params, ms->n_params * sizeof(float));
         for (int i = 0; i < ms->n_layers * ms->n_kv_heads; i++) ms->modules[i].input_scale = file->modules[i].input_scale;
         fprintf(stderr, "starting from the modules of %s\n", path);
     }
+    moduleset_free(file);
     return why ? -1 : 0;
 }
 
@@ -1030,8 +1045,10 @@ int main(int argc, char **argv) {
     Inputs in;
     if (load_inputs(&o, &in) != 0) return 1;
     const Config *c = &in.model.config;
-    ModuleSet init;  /* --init's modules: refused now, not after self-study, if fitted elsewhere */
-    if (o.init_path && moduleset_load(&init, o.init_path, in.model.fingerprint, in.cache.fingerprint) != 0) return 1;
+    /* the modules within the budget, and --init's: what cannot be used is refused before the long steps */
+    ModuleSet ms, init;
+    if (make_modules(&o, &in, &ms) != 0) return 1;
+    if (o.init_path && load_init(o.init_path, &in, &ms, &init) != 0) return 1;
 
     /* 2. prompts and the split */
     PromptSet prompt_set, *all = &prompt_set;
@@ -1046,13 +1063,10 @@ int main(int argc, char **argv) {
     mark_challenge(all, is_train, embed, c->dim);
     free(embed);
 
-    /* 4. modules within the budget, initialised, with the held-out prompts */
-    ModuleSet ms;
-    if (make_modules(&o, &in, &ms) != 0) return 1;
+    /* 4. the modules initialised, with the held-out prompts */
     ms.heldout = select_prompts(all, is_train, 0);
     if (o.init_path) {
         if (init_from_file(o.init_path, &init, &ms) != 0) return 1;
-        moduleset_free(&init);
     } else if (o.arch == ARCH_MLP) mlp_init_from_teacher(&ms, &td.fit, c, o.seed + 7);
     else quad_init_from_cache(&ms, &in.cache);
 
@@ -1075,8 +1089,9 @@ int main(int argc, char **argv) {
     backend->finish(&fit);
     double fit_seconds = now_seconds() - t_fit;
     if (last_step < o.steps) {
-        fprintf(stderr, "stopped after step %d as asked; resume with --resume %s\n", last_step,
-                o.checkpoint_path ? o.checkpoint_path : "(no --checkpoint given)");
+        fprintf(stderr, "stopped after step %d as asked; resume with --resume %s%s\n", last_step,
+                o.checkpoint_path ? o.checkpoint_path : "(no --checkpoint given)",
+                o.init_path ? " instead of --init (the checkpoint holds the modules)" : "");
         return 0;
     }
 

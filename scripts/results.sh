@@ -18,7 +18,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 what=${1:-capacity}
-make -s train infer pretrain
+make -s train infer pretrain benchmark
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # value of "key" inside the "split" object of a one-line JSON file
@@ -56,15 +56,15 @@ header() {
          "answer match Nectar / no doc (tasks) | answer prefix | score MSE | target MSE | RTE |"
     echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 }
-times() {  # times NAME...: the training time of each fit
+fit_times() {  # fit_times NAME...: the training time of each fit
     local name
     for name in "$@"; do
         printf -- '- %s: fitting %.0f s, the whole run (self-study, teacher pass, fitting, evaluation) %.0f s\n' \
-            "$name" "$(top "$tmp/$name.json" fit_seconds)" "$(top "$tmp/$name.json" total_seconds)"
+            "$name" "$(top_number "$tmp/$name.json" fit_seconds)" "$(top_number "$tmp/$name.json" total_seconds)"
     done
 }
 # value of a top-level number "key" of a one-line JSON file
-top() { sed -E "s/.*\"$2\": ([-0-9.e+]+).*/\1/" "$1"; }
+top_number() { sed -E "s/.*\"$2\": ([-0-9.e+]+).*/\1/" "$1"; }
 serving() {  # serving NAME...: ./benchmark at each fit's document length, and the requests that repay its training
     echo "| document | tokens | TTFT full prefill / reused KV / Nectar | decode tok/s exact / Nectar / no doc |" \
          "peak MB full / reused / Nectar | KV state | modules | training | per request full / reused / Nectar |" \
@@ -72,27 +72,29 @@ serving() {  # serving NAME...: ./benchmark at each fit's document length, and t
     echo "|---|---|---|---|---|---|---|---|---|---|"
     local name n b t full reused nectar
     for name in "$@"; do
-        n=$(top "$tmp/$name.json" n_doc) b="$tmp/bench-$name.json"
+        n=$(top_number "$tmp/$name.json" n_doc) b="$tmp/bench-$name.json"
         echo "benchmark at $n tokens ..." >&2
         ./benchmark -m "${MODEL[1]}" --min-doc "$n" --max-doc "$n" --json > "$b.lines" 2> "$tmp/bench.log" ||
             { cat "$tmp/bench.log" >&2; exit 1; }
         tr -d '\n' < "$b.lines" > "$b"
-        t=$(top "$tmp/$name.json" total_seconds)
+        t=$(top_number "$tmp/$name.json" total_seconds)
         full=$(json "$b" per_request_s full_prefill) reused=$(json "$b" per_request_s reused_kv)
         nectar=$(json "$b" per_request_s nectar)
         printf '| %s | %d | %.0f / %.0f / %.0f ms | %.1f / %.1f / %.1f | %.0f / %.0f / %.0f | %.1f MB | %.1f MB | %.0f s |' \
             "$name" "$n" "$(json "$b" full_prefill ttft_ms)" "$(json "$b" reused_kv ttft_ms)" "$(json "$b" nectar10 ttft_ms)" \
             "$(json "$b" reused_kv decode_tps)" "$(json "$b" nectar10 decode_tps)" "$(json "$b" no_doc decode_tps)" \
             "$(json "$b" full_prefill peak_mb)" "$(json "$b" reused_kv peak_mb)" "$(json "$b" nectar10 peak_mb)" \
-            "$(awk "BEGIN { print $(top "$tmp/$name.json" kv_entries) * 4 / 1e6 }")" \
-            "$(awk "BEGIN { print $(top "$tmp/$name.json" params) * 4 / 1e6 }")" "$t"
-        awk -v t="$t" -v f="$full" -v r="$reused" -v m="$nectar" 'function even(x) {
-                return x > m ? sprintf("%d", int(t / (x - m)) + 1) : "never (no time saved)" }
+            "$(awk "BEGIN { print $(top_number "$tmp/$name.json" kv_entries) * 4 / 1e6 }")" \
+            "$(awk "BEGIN { print $(top_number "$tmp/$name.json" params) * 4 / 1e6 }")" "$t"
+        awk -v t="$t" -v f="$full" -v r="$reused" -v m="$nectar" 'function even(x,  n) {
+                if (x <= m) return "never (no time saved)"
+                n = t / (x - m); return sprintf("%.0f", n == int(n) ? n : int(n) + 1) }
             BEGIN { printf " %.2f / %.2f / %.2f s | %s / %s |\n", f, r, m, even(f), even(r) }'
     done
     echo
     echo "The benchmark's documents are random ids of each document's length (for timing), its modules MLPs at" \
-         "rho 10%; a request is a 16-token prompt and 64 generated tokens; training is train's whole run."
+         "rho 10%; decode speeds are medians over the steps; a request is a 16-token prompt and 64 generated" \
+         "tokens at the mean decode speed; training is train's whole run."
 }
 heldout() {  # heldout NAME: the held-out counts of a fit
     local f="$tmp/$1.json"
@@ -129,19 +131,19 @@ real|real-losses|real-documents)
         for rho in 0.02 0.05 0.1; do fit "real-$rho" $apache $flags --arch $arch --rho $rho; done
         header "module, rho"
         for split in random challenge; do for rho in 0.02 0.05 0.1; do row "$arch $rho" "real-$rho" $split; done; done
-        echo; echo "Held-out: $(heldout real-0.1)."; times real-0.02 real-0.05 real-0.1 ;;
+        echo; echo "Held-out: $(heldout real-0.1)."; fit_times real-0.02 real-0.05 real-0.1 ;;
     real-losses)
         kl=(--loss kl --steps "${KL_STEPS:-150}" --teacher-logits-mb 2048)
         fit regression $apache $flags
         fit kl $apache $flags "${kl[@]}"
         fit regression-kl $apache $flags "${kl[@]}" --init "$tmp/regression.nectar"
-        header "loss, rho 10%"
+        header "loss, rho $(top_number "$tmp/regression.json" rho)"
         for split in random challenge; do
-            row "regression, $(top "$tmp/regression.json" steps) steps" regression $split
+            row "regression, $(top_number "$tmp/regression.json" steps) steps" regression $split
             row "pure KL, ${KL_STEPS:-150} steps" kl $split
             row "regression, then ${KL_STEPS:-150} pure KL steps" regression-kl $split
         done
-        echo; echo "Held-out: $(heldout regression)."; times regression kl regression-kl ;;
+        echo; echo "Held-out: $(heldout regression)."; fit_times regression kl regression-kl ;;
     real-documents)
         fit Apache-2.0 $apache $flags --eval-train
         fit GPL-3 $gpl3 $flags
@@ -149,7 +151,7 @@ real|real-losses|real-documents)
         for name in Apache-2.0 GPL-3; do for split in random challenge; do row "$name" $name $split; done; done
         row Apache-2.0 Apache-2.0 train
         echo; for name in Apache-2.0 GPL-3; do echo "- $name: held-out $(heldout $name)."; done
-        times Apache-2.0 GPL-3
+        fit_times Apache-2.0 GPL-3
         echo; serving Apache-2.0 GPL-3 ;;
     esac ;;
 documents)

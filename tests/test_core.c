@@ -1217,9 +1217,14 @@ static void check_answer_split(const EvalResult *r, const AnswerCount *a, int sp
  * order. */
 static void check_challenge_split(const Model *m, const DocCache *cache, const ModuleSet *ms, const PromptSet *p,
                                   const EvalResult *got) {
-    int offsets[64], tokens[512], question_len[64], n = 0;
-    unsigned char marked[64];
+    enum { MAX_PROMPTS = 64, MAX_TOKENS = 512 };
+    int offsets[MAX_PROMPTS + 1], tokens[MAX_TOKENS], question_len[MAX_PROMPTS], n = 0;
+    unsigned char marked[MAX_PROMPTS];
     offsets[0] = 0;
+    if (p->n_prompts > MAX_PROMPTS || p->offsets[p->n_prompts] > MAX_TOKENS) {
+        check("the challenge prompts fit the test's buffers", 0);
+        return;
+    }
     for (int i = 0; i < p->n_prompts; i++) {
         if (!p->challenge[i]) continue;
         int len = p->offsets[i + 1] - p->offsets[i];
@@ -1234,10 +1239,16 @@ static void check_challenge_split(const Model *m, const DocCache *cache, const M
     alone.question_len = question_len; alone.challenge = marked;
     EvalResult r[2];
     int ran = evaluate(m, cache, ms, &alone, &r[0], &r[1]) == 0;
-    int ok = ran && r[0].kl == got->kl && r[0].kl_nodoc == got->kl_nodoc && r[0].agree == got->agree &&
-         r[0].acc_nectar == got->acc_nectar && r[0].target_mse == got->target_mse && r[0].rte == got->rte &&
-         r[0].n_positions == got->n_positions && r[0].n_answers == got->n_answers &&
-         r[0].answer_match == got->answer_match && r[0].answer_prefix == got->answer_prefix &&
+    int L = m->config.n_layers;
+    int ok = ran && r[0].n_prompts == got->n_prompts && r[0].n_positions == got->n_positions &&
+         r[0].n_queries == got->n_queries && r[0].acc_full == got->acc_full && r[0].acc_nectar == got->acc_nectar &&
+         r[0].acc_nodoc == got->acc_nodoc && r[0].agree == got->agree && r[0].agree_nodoc == got->agree_nodoc &&
+         r[0].kl == got->kl && r[0].kl_nodoc == got->kl_nodoc && r[0].score_mse == got->score_mse &&
+         r[0].target_mse == got->target_mse && r[0].rte == got->rte &&
+         !memcmp(r[0].score_mse_layer, got->score_mse_layer, L * sizeof(double)) &&
+         !memcmp(r[0].target_mse_layer, got->target_mse_layer, L * sizeof(double)) &&
+         r[0].n_answers == got->n_answers && r[0].answer_match == got->answer_match &&
+         r[0].answer_match_nodoc == got->answer_match_nodoc && r[0].answer_prefix == got->answer_prefix &&
          r[0].answer_cap == got->answer_cap &&
          !memcmp(r[0].answer_len, got->answer_len, 3 * got->n_answers * sizeof(int)) &&
          !memcmp(r[0].answer_tokens, got->answer_tokens, (size_t)3 * got->n_answers * got->answer_cap * sizeof(int));
