@@ -14,7 +14,7 @@
 #                                 too); about an hour on 2 cores
 #   scripts/results.sh real-documents  SmolLM2 with demo-real's regression flags on Apache-2.0 and GPL-3:
 #                                 the metrics, the training time, and the serving cost at the documents' lengths
-#                                 (./benchmark) with the requests that pay for the training; about 40 minutes
+#                                 (./benchmark) with the requests that pay for the training; about 20 minutes
 set -eu
 cd "$(dirname "$0")/.."
 what=${1:-capacity}
