@@ -15,7 +15,8 @@
  * 4. the modules initialised (from the teacher's data, the cache, or --init);
  * 5. fitting: per (layer, KV head) module, AdamW with warmup and cosine
  *    decay, global gradient clipping at 1.0, on the CPU or (--gpu, in a
- *    build with nvcc) the GPU, each layer's modules batched;
+ *    build with nvcc) the GPU, each layer's modules batched; with
+ *    --kl-steps, then a pure-KL stage from the fitted modules;
  * 6. the metrics on the held-out prompts and the module file (with them).
  */
 #include "nectar.h"
@@ -41,8 +42,9 @@ typedef struct {
     const char *model_path, *tok_path, *doc_text_path, *doc_ids_path, *out_path;
     const char *prompts_text_path, *prompts_ids_path, *checkpoint_path, *resume_path, *init_path;
     ModuleArch arch;
-    float rho, lr, weight_decay, warmup_fraction, lambda_alpha, lambda_A, lambda_kl;
-    int steps, batch, kl_prompts, n_prompts, n_tasks, prompt_len, answer_len, checkpoint_every, stop_after, json;
+    float rho, lr, weight_decay, warmup_fraction, lambda_alpha, lambda_A, lambda_kl, kl_lr;
+    int steps, kl_steps, batch, kl_prompts, n_prompts, n_tasks, prompt_len, answer_len, checkpoint_every, stop_after;
+    int json;
     int eval_train;  /* --eval-train: the metrics on the training prompts too */
     int teacher_logits_mb;  /* the teacher's logits are kept up to this size, else recomputed */
     int gpu;
@@ -72,6 +74,10 @@ static void usage(FILE *f) {
         "  --groups SPEC     layer-group capacity multipliers a-b:m,... (layers a..b-1 get m;\n"
         "                    normalised to average 1), e.g. 0-2:1,2-4:2 for 4 layers\n"
         "  --steps N         optimisation steps (default 6000; 0 evaluates the initial modules)\n"
+        "  --kl-steps N      then N pure-KL steps going on from the fitted modules, with fresh AdamW\n"
+        "                    moments and their own warmup and decay from a peak of --kl-lr: a\n"
+        "                    regression fit, then KL, in one run (default 0)\n"
+        "  --kl-lr LR        the peak learning rate of the --kl-steps (default 3e-3)\n"
         "  --batch N         prompt positions per step (default 64; x heads per group)\n"
         "  --lr LR           peak learning rate (default 3e-2)   --wd W  weight decay (default 0)\n"
         "  --warmup F        warmup fraction of the steps (default 0.05)\n"
@@ -110,7 +116,8 @@ static void usage(FILE *f) {
 
 /* the options that take a value, for the message when one comes last */
 static const char VALUE_OPTIONS[] = " -m -z -d -D -o --prompts --prompt-ids --checkpoint --resume --init --groups --arch --depths "
-    "--rho --lr --wd --warmup --lambda-alpha --lambda-A --lambda-kl --kl-prompts --loss --steps --batch --n-prompts "
+    "--rho --lr --wd --warmup --lambda-alpha --lambda-A --lambda-kl --kl-prompts --loss --steps --kl-steps --kl-lr "
+    "--batch --n-prompts "
     "--tasks --teacher-logits-mb --prompt-len --answer-len --checkpoint-every --stop-after -s ";
 
 /* The options with a word for a value: --arch, --depths, --loss. 1 if a is
@@ -147,22 +154,28 @@ static int parse_value_option(const char *a, const char *v, Options *o) {
     for (size_t k = 0; k < sizeof path_names / sizeof *path_names; k++)
         if (!strcmp(a, path_names[k])) { *paths[k] = v; return 0; }
     float *floats[] = {&o->rho, &o->lr, &o->weight_decay, &o->warmup_fraction, &o->lambda_alpha, &o->lambda_A,
-                       &o->lambda_kl};
+                       &o->lambda_kl, &o->kl_lr};
     static const char *float_names[] = {"--rho", "--lr", "--wd", "--warmup", "--lambda-alpha", "--lambda-A",
-                                        "--lambda-kl"};
-    for (int k = 0; k < 7; k++)
+                                        "--lambda-kl", "--kl-lr"};
+    for (int k = 0; k < 8; k++)
         if (!strcmp(a, float_names[k])) return parse_float_option(a, v, floats[k]);
     int *ints[] = {&o->kl_prompts, &o->steps, &o->batch, &o->n_prompts, &o->n_tasks, &o->prompt_len,
-                   &o->answer_len, &o->checkpoint_every, &o->stop_after, &o->teacher_logits_mb};
+                   &o->answer_len, &o->checkpoint_every, &o->stop_after, &o->teacher_logits_mb, &o->kl_steps};
     static const char *int_names[] = {"--kl-prompts", "--steps", "--batch", "--n-prompts", "--tasks",
                                       "--prompt-len", "--answer-len", "--checkpoint-every", "--stop-after",
-                                      "--teacher-logits-mb"};
-    for (int k = 0; k < 10; k++)
+                                      "--teacher-logits-mb", "--kl-steps"};
+    for (int k = 0; k < 11; k++)
         if (!strcmp(a, int_names[k])) return parse_int_option(a, v, ints[k]);
     if (!strcmp(a, "-s")) return parse_seed_option(a, v, &o->seed);
     fprintf(stderr, "error: unknown option '%s' (see --help)\n", a);
     return -1;
 }
+
+/* The steps of the run: --steps, then --kl-steps. */
+static int total_steps(const Options *o) { return o->steps + o->kl_steps; }
+
+/* 1 if a step of the run has a KL term (it needs the teacher's logits). */
+static int uses_kl(const Options *o) { return o->lambda_kl > 0 || o->kl_steps > 0; }
 
 /* The loss presets (lambda_alpha, lambda_A, lambda_kl): regression MLP
  * (0.1, 1, 0), quadrature (0, 1, 0); mixed adds 1 KL (the regression terms
@@ -183,14 +196,16 @@ static const char *finish_options(Options *o) {
     if (!depths_valid(o->depth_backbone, o->depth_score, o->depth_target) ||
         o->depth_backbone + o->depth_score + o->depth_target < 1)
         return "--depths B,S,T must be >= 0 with 1 <= B+S+T <= 64";
-    if (o->steps < 0 || o->batch < 1 || o->n_prompts < 0 || o->n_tasks < 0 ||
+    if (o->steps < 0 || o->kl_steps < 0 || o->steps > INT_MAX - o->kl_steps)
+        return "need --steps >= 0 (0: evaluate the initial modules) and --kl-steps >= 0, their sum an int";
+    if (o->batch < 1 || o->n_prompts < 0 || o->n_tasks < 0 ||
         (o->prompt_len != NOT_GIVEN && o->prompt_len < 2) || (o->answer_len != NOT_GIVEN && o->answer_len < 0) ||
         o->stop_after < 0 || o->checkpoint_every < 0 || o->teacher_logits_mb < 0 || o->teacher_logits_mb > (1 << 24))
-        return "need --steps >= 0 (0: evaluate the initial modules), --batch >= 1, --n-prompts >= 0, --tasks >= 0, "
+        return "need --batch >= 1, --n-prompts >= 0, --tasks >= 0, "
                "--prompt-len >= 2, --answer-len >= 0, --stop-after >= 0, --checkpoint-every >= 0 and "
                "--teacher-logits-mb in 0..16777216";
-    if (!(o->lr > 0) || o->weight_decay < 0 || o->warmup_fraction < 0 || o->warmup_fraction >= 1)
-        return "need --lr > 0, --wd >= 0 and --warmup in [0, 1)";
+    if (!(o->lr > 0) || !(o->kl_lr > 0) || o->weight_decay < 0 || o->warmup_fraction < 0 || o->warmup_fraction >= 1)
+        return "need --lr > 0, --kl-lr > 0, --wd >= 0 and --warmup in [0, 1)";
     if (o->lambda_alpha < 0 || o->lambda_A < 0 || o->lambda_kl < 0 || o->lambda_alpha + o->lambda_A + o->lambda_kl == 0)
         return "the loss weights must be >= 0 and not all 0";
     if (o->kl_prompts < 1 || o->kl_prompts > 64) return "--kl-prompts must be in 1..64";
@@ -201,7 +216,8 @@ static const char *finish_options(Options *o) {
 #ifndef NECTAR_CUDA
     if (o->gpu) return NO_GPU_SUPPORT;
 #endif
-    if (o->checkpoint_every <= 0) o->checkpoint_every = o->steps / 4 > 0 ? o->steps / 4 : 1;
+    int total = total_steps(o);
+    if (o->checkpoint_every <= 0) o->checkpoint_every = total / 4 > 0 ? total / 4 : 1;
     return NULL;
 }
 
@@ -225,7 +241,7 @@ static int check_outputs(const Options *o) {
 }
 
 static int parse_options(int argc, char **argv, Options *o) {
-    *o = (Options){.arch = ARCH_MLP, .rho = 0.1f, .lr = 3e-2f, .warmup_fraction = 0.05f,
+    *o = (Options){.arch = ARCH_MLP, .rho = 0.1f, .lr = 3e-2f, .kl_lr = 3e-3f, .warmup_fraction = 0.05f,
                    .lambda_alpha = NAN, .lambda_A = NAN, .lambda_kl = NAN, .kl_prompts = 2, .answer_len = NOT_GIVEN,
                    .steps = 6000, .batch = 64, .n_prompts = 50, .n_tasks = 300,
                    .prompt_len = NOT_GIVEN, .chat = -1, .teacher_logits_mb = 1024, .depth_backbone = 1, .depth_score = 1, .depth_target = 1, .groups = "",
@@ -666,12 +682,31 @@ typedef struct {
     int step;       /* steps done */
 } Adam;
 
-/* lr(t): linear warmup to the peak, then cosine decay to 0 */
-static float learning_rate(const Options *o, int step) {
-    int warmup = (int)(o->warmup_fraction * o->steps);
-    if (step < warmup) return o->lr * (step + 1) / warmup;
-    float progress = (float)(step - warmup) / (float)(o->steps - warmup > 0 ? o->steps - warmup : 1);
-    return o->lr * 0.5f * (1.0f + cosf(3.14159265f * progress));
+/* A stage of the fit: the loss given (--loss, --steps), then with
+ * --kl-steps pure KL going on from its modules, with fresh AdamW moments
+ * and its own schedule. The run counts its steps through both. */
+typedef struct {
+    int first, steps;              /* the run's steps [first, first + steps) */
+    float lr;                      /* peak learning rate */
+    float weight_alpha, weight_A;  /* lambda_alpha / Var(alpha), lambda_A / sum_k Var(A_k) */
+    float lambda_kl;
+    const char *name;              /* in the progress line */
+} Stage;
+
+/* The two stages (the second has no steps without --kl-steps), with the
+ * regression terms divided by their normalisers. */
+static void make_stages(const Options *o, double var_alpha, double var_A, Stage stages[2]) {
+    stages[0] = (Stage){0, o->steps, o->lr, (float)(o->lambda_alpha / var_alpha), (float)(o->lambda_A / var_A),
+                        o->lambda_kl, ""};
+    stages[1] = (Stage){o->steps, o->kl_steps, o->kl_lr, 0, 0, 1, " (KL)"};
+}
+
+/* lr(t) at the stage's step t: linear warmup to the peak, then cosine decay to 0 */
+static float learning_rate(const Stage *s, float warmup_fraction, int t) {
+    int warmup = (int)(warmup_fraction * s->steps);
+    if (t < warmup) return s->lr * (t + 1) / warmup;
+    float progress = (float)(t - warmup) / (float)(s->steps - warmup > 0 ? s->steps - warmup : 1);
+    return s->lr * 0.5f * (1.0f + cosf(3.14159265f * progress));
 }
 
 /* One prompt's KL term, weight KL(teacher || student): returns the KL and
@@ -746,7 +781,8 @@ typedef struct {
     const PromptSet *prompts;
     const Document *doc;    /* the exact document: the KL term's teacher, where td keeps no logits */
     RunState teacher;       /* its run state then */
-    float weight_alpha, weight_A;  /* lambda_alpha / Var(alpha), lambda_A / sum_k Var(A_k) */
+    Stage stages[2];
+    const Stage *stage;     /* the stage of the step being taken */
     Adam adam;
     float *dlogits;         /* (max_len, V) the KL term's gradient, or NULL without one */
     ModuleWork work;        /* the CPU's: a module's batch of queries */
@@ -760,13 +796,14 @@ typedef struct {
 
 /* A fit step's parts, on one device: the regression gradients at the batch
  * positions (zeroing the gradients first), one prompt's KL term (gradient
- * added), clipping and the AdamW step, and the parameters and moments back
- * on the host (for checkpoints and the end). */
+ * added), clipping and the AdamW step (the stage's step t counts from 1;
+ * at t = 1 the moments start from zero), and the parameters and moments
+ * back on the host (for checkpoints and the end). */
 typedef struct {
     void   (*start)(Fit *f);
     double (*regression)(Fit *f, const long *pos);
     double (*kl)(Fit *f, const int *tokens, int len, const float *teacher_logits, float weight);
-    double (*update)(Fit *f, float lr);
+    double (*update)(Fit *f, float lr, int t);
     void   (*download)(Fit *f);
     void   (*finish)(Fit *f);
 } FitBackend;
@@ -777,7 +814,7 @@ static void cpu_start(Fit *f) {
     modulework_alloc(&f->work, f->ms, f->o->batch * (c->n_heads / c->n_kv_heads));
     fitbatch_alloc(&f->batch, f->ms, c->n_heads, f->o->batch);
     f->student_doc = (Document){DOC_NECTAR, f->ms->n_doc, NULL, f->ms};
-    if (f->o->lambda_kl > 0) {
+    if (uses_kl(f->o)) {
         runstate_alloc(&f->student, f->model, &f->student_doc, max_len, max_len);
         runstate_enable_backward(&f->student, f->model);
     }
@@ -785,10 +822,10 @@ static void cpu_start(Fit *f) {
 
 static double cpu_regression(Fit *f, const long *pos) {
     memset(f->ms->grads, 0, f->ms->n_params * sizeof(float));
-    if (f->weight_alpha + f->weight_A == 0) return 0;
+    if (f->stage->weight_alpha + f->stage->weight_A == 0) return 0;
     memcpy(f->batch.pos, pos, f->batch.B * sizeof(long));
-    return regression_grads(f->ms, &f->work, &f->batch, &f->td->fit, f->model->config.n_heads, f->weight_alpha,
-                            f->weight_A);
+    return regression_grads(f->ms, &f->work, &f->batch, &f->td->fit, f->model->config.n_heads,
+                            f->stage->weight_alpha, f->stage->weight_A);
 }
 
 static double cpu_kl(Fit *f, const int *tokens, int len, const float *teacher_logits, float weight) {
@@ -798,11 +835,14 @@ static double cpu_kl(Fit *f, const int *tokens, int len, const float *teacher_lo
     return kl;
 }
 
-static double cpu_update(Fit *f, float lr) {
+static double cpu_update(Fit *f, float lr, int t) {
     ModuleSet *ms = f->ms;
     double norm = clip_grad_norm(ms->grads, ms->n_params, 1.0);  /* global norm clipping at 1.0 */
-    adamw_update(ms->params, ms->grads, f->adam.m, f->adam.v, ms->n_params, f->adam.step, lr, f->o->weight_decay,
-                 ADAM_BETA2);
+    if (t == 1) {
+        memset(f->adam.m, 0, ms->n_params * sizeof(float));
+        memset(f->adam.v, 0, ms->n_params * sizeof(float));
+    }
+    adamw_update(ms->params, ms->grads, f->adam.m, f->adam.v, ms->n_params, t, lr, f->o->weight_decay, ADAM_BETA2);
     return norm;
 }
 
@@ -811,7 +851,7 @@ static void cpu_download(Fit *f) { (void)f; }  /* the CPU fits the host's module
 static void cpu_finish(Fit *f) {
     fitbatch_free(&f->batch);
     modulework_free(&f->work);
-    if (f->o->lambda_kl > 0) runstate_free(&f->student);
+    if (uses_kl(f->o)) runstate_free(&f->student);
 }
 
 static const FitBackend CPU_FIT = {cpu_start, cpu_regression, cpu_kl, cpu_update, cpu_download, cpu_finish};
@@ -832,7 +872,7 @@ static void gpu_start(Fit *f) {
     fitbatch_alloc_cuda(&g->batch, f->ms, c->n_heads, B);
     model_upload_cuda(&g->model, f->model);
     g->student_doc = (Document){DOC_NECTAR, f->ms->n_doc, NULL, &g->ms};
-    if (f->o->lambda_kl > 0) {
+    if (uses_kl(f->o)) {
         runstate_alloc_cuda(&g->student, &g->model, &g->student_doc, max_len, max_len);
         runstate_enable_backward_cuda(&g->student, &g->model);
     }
@@ -841,10 +881,10 @@ static void gpu_start(Fit *f) {
 static double gpu_regression(Fit *f, const long *pos) {
     GpuFit *g = &f->gpu;
     CUDA_CHECK(cudaMemset(g->ms.grads, 0, g->ms.n_params * sizeof(float)));
-    if (f->weight_alpha + f->weight_A == 0) return 0;
+    if (f->stage->weight_alpha + f->stage->weight_A == 0) return 0;
     memcpy(g->batch.pos, pos, g->batch.B * sizeof(long));
     return regression_grads_cuda(&g->ms, &g->work, &g->batch, &g->targets, f->model->config.n_heads,
-                                 f->weight_alpha, f->weight_A);
+                                 f->stage->weight_alpha, f->stage->weight_A);
 }
 
 static double gpu_kl(Fit *f, const int *tokens, int len, const float *teacher_logits, float weight) {
@@ -855,11 +895,14 @@ static double gpu_kl(Fit *f, const int *tokens, int len, const float *teacher_lo
     return kl;
 }
 
-static double gpu_update(Fit *f, float lr) {
+static double gpu_update(Fit *f, float lr, int t) {
     GpuFit *g = &f->gpu;
     double norm = clip_grad_norm_cuda(g->ms.grads, g->ms.n_params, 1.0);
-    adamw_update_cuda(g->ms.params, g->ms.grads, g->m, g->v, g->ms.n_params, f->adam.step, lr, f->o->weight_decay,
-                      ADAM_BETA2);
+    if (t == 1) {
+        CUDA_CHECK(cudaMemset(g->m, 0, g->ms.n_params * sizeof(float)));
+        CUDA_CHECK(cudaMemset(g->v, 0, g->ms.n_params * sizeof(float)));
+    }
+    adamw_update_cuda(g->ms.params, g->ms.grads, g->m, g->v, g->ms.n_params, t, lr, f->o->weight_decay, ADAM_BETA2);
     return norm;
 }
 
@@ -874,7 +917,7 @@ static void gpu_finish(Fit *f) {
     GpuFit *g = &f->gpu;
     gpu_download(f);
     CUDA_CHECK(cudaFree(g->m)); CUDA_CHECK(cudaFree(g->v));
-    if (f->o->lambda_kl > 0) runstate_free_cuda(&g->student);
+    if (uses_kl(f->o)) runstate_free_cuda(&g->student);
     model_free_cuda(&g->model);
     fitbatch_free_cuda(&g->batch);
     modulework_free_cuda(&g->work);
@@ -915,41 +958,48 @@ static int kl_terms(Fit *f, const FitBackend *be, uint64_t *rng, double *loss) {
         const float *teacher = td->logits ? td->logits + (size_t)td->start[pick[k]] * V : f->teacher.logits;
         /* kl_loss averages over this prompt's positions; weigh by its share of all of them */
         float share = (float)len / positions;
-        double kl = be->kl(f, tokens, len, teacher, o->lambda_kl * share);
-        *loss += o->lambda_kl * kl * share;
+        float lambda_kl = f->stage->lambda_kl;
+        double kl = be->kl(f, tokens, len, teacher, lambda_kl * share);
+        *loss += lambda_kl * kl * share;
     }
     return 0;
 }
 
 /* L = lambda_alpha L_alpha / var_alpha + lambda_A L_A / var_A over the batch positions +
- * lambda_kl mean KL(teacher || Nectar) over kl_prompts prompts, minimised
- * from the Adam step the fit starts at up to last_step. The batches depend
- * only on (seed, step), so resuming draws the same ones. 0, or -1 after a
- * sentence (divergence, a checkpoint that cannot be written). */
+ * lambda_kl mean KL(teacher || Nectar) over kl_prompts prompts, with the
+ * weights of the step's stage, minimised from the Adam step the fit starts
+ * at up to last_step. The batches depend only on (seed, the stage's step),
+ * so resuming draws the same ones, and the KL stage those of a --loss kl
+ * run from --init the first stage's file. 0, or -1 after a sentence
+ * (divergence, a checkpoint that cannot be written). */
 static int fit_modules(Fit *f, const FitBackend *be, uint64_t run_hash, int last_step) {
     const Options *o = f->o;
     long *pos = xmalloc(o->batch * sizeof(long)), P = f->td->fit.P;
     double t_fit = now_seconds(), last_print = 0;
     int first_step = f->adam.step, rc = 0;
     for (int step = first_step; step < last_step && rc == 0; step++) {
-        uint64_t batch_rng = fnv1a(o->seed, &step, sizeof step) | 1;
+        f->stage = &f->stages[step >= f->stages[1].first];  /* without --kl-steps, step < stages[1].first */
+        int t = step - f->stage->first;
+        uint64_t batch_rng = fnv1a(o->seed, &t, sizeof t) | 1;
         for (int b = 0; b < o->batch; b++) pos[b] = (long)(rng_u32(&batch_rng) % (uint32_t)P);
-        float lr = learning_rate(o, step);
+        float lr = learning_rate(f->stage, o->warmup_fraction, t);
         f->adam.step++;
         double loss = be->regression(f, pos);
-        if (o->lambda_kl > 0 && kl_terms(f, be, &batch_rng, &loss) != 0) { rc = -1; break; }
-        double norm = be->update(f, lr);
+        if (f->stage->lambda_kl > 0 && kl_terms(f, be, &batch_rng, &loss) != 0) { rc = -1; break; }
+        double norm = be->update(f, lr, t + 1);
         if (!isfinite(loss) || !isfinite(norm)) {  /* a NaN norm would pass the clipping unseen */
-            fprintf(stderr, "\nerror: training diverged at step %d (loss %g, gradient norm %g); lower --lr (%g), "
-                    "--wd or the loss weights\n", step + 1, loss, norm, o->lr);
+            fprintf(stderr, "\nerror: training diverged at step %d%s (loss %g, gradient norm %g); lower %s (%g), "
+                    "--wd or the loss weights\n", step + 1, f->stage->name, loss, norm,
+                    f->stage == &f->stages[0] ? "--lr" : "--kl-lr", f->stage->lr);
             rc = -1;
             break;
         }
         double now = now_seconds() - t_fit;
         if (now - last_print > 1.0 || step + 1 == last_step) {
             last_print = now;
-            fprintf(stderr, "\rstep %d/%d  loss %.5f  lr %.2e  |g| %.3f  %.1fs  ETA %.0fs   ", step + 1, o->steps,
-                    loss, lr, norm, now, now / (step + 1 - first_step) * (last_step - step - 1));
+            fprintf(stderr, "\rstep %d/%d%s  loss %.5f  lr %.2e  |g| %.3f  %.1fs  ETA %.0fs   ", step + 1,
+                    total_steps(o), f->stage->name, loss, lr, norm, now,
+                    now / (step + 1 - first_step) * (last_step - step - 1));
         }
         if (o->checkpoint_path && ((step + 1) % o->checkpoint_every == 0 || step + 1 == last_step)) {
             be->download(f);
@@ -965,9 +1015,10 @@ static int fit_modules(Fit *f, const FitBackend *be, uint64_t run_hash, int last
  * refused. */
 static uint64_t run_fingerprint(const Options *o, const Inputs *in, const PromptSet *all) {
     uint64_t h = fnv1a(FNV_OFFSET, &o->arch, sizeof o->arch);
-    float floats[] = {o->rho, o->lr, o->weight_decay, o->warmup_fraction, o->lambda_alpha, o->lambda_A, o->lambda_kl};
-    int ints[] = {o->steps, o->batch, o->kl_prompts, o->n_prompts, o->n_tasks, o->prompt_len, o->answer_len,
-                  o->depth_backbone, o->depth_score, o->depth_target};
+    float floats[] = {o->rho, o->lr, o->weight_decay, o->warmup_fraction, o->lambda_alpha, o->lambda_A, o->lambda_kl,
+                      o->kl_lr};
+    int ints[] = {o->steps, o->kl_steps, o->batch, o->kl_prompts, o->n_prompts, o->n_tasks, o->prompt_len,
+                  o->answer_len, o->depth_backbone, o->depth_score, o->depth_target};
     h = fnv1a(h, floats, sizeof floats);
     h = fnv1a(h, ints, sizeof ints);
     h = fnv1a(h, &o->seed, sizeof o->seed);
@@ -979,7 +1030,7 @@ static uint64_t run_fingerprint(const Options *o, const Inputs *in, const Prompt
 
 /* --resume: the modules and Adam moments of a checkpoint of this run. */
 static int resume(const Options *o, Fit *f, uint64_t run_hash) {
-    if (load_checkpoint(o->resume_path, f->ms, &f->adam, run_hash, o->steps) != 0) return -1;
+    if (load_checkpoint(o->resume_path, f->ms, &f->adam, run_hash, total_steps(o)) != 0) return -1;
     fprintf(stderr, "resumed from %s at step %d\n", o->resume_path, f->adam.step);
     if (o->stop_after > 0 && o->stop_after <= f->adam.step) {
         fprintf(stderr, "error: --stop-after %d is not after the checkpoint's step %d\n", o->stop_after, f->adam.step);
@@ -1010,9 +1061,9 @@ static int evaluate_and_save(const Options *o, const Inputs *in, ModuleSet *ms, 
             ms->n_params, ms->n_params * 4 / 1e3, kv_entries * 4 / 1e3);
     if (o->json) {
         printf("{\"arch\": \"%s\", \"rho\": %.6g, \"params\": %zu, \"kv_entries\": %ld, \"n_doc\": %d, "
-               "\"steps\": %d, \"fit_seconds\": %.3f, \"total_seconds\": %.3f, \"random\": ",
+               "\"steps\": %d, \"kl_steps\": %d, \"fit_seconds\": %.3f, \"total_seconds\": %.3f, \"random\": ",
                o->arch == ARCH_MLP ? "mlp" : "quad", o->rho, ms->n_params, kv_entries, in->n_doc, o->steps,
-               fit_seconds, now_seconds() - t_start);
+               o->kl_steps, fit_seconds, now_seconds() - t_start);
         print_eval_json(stdout, &random_split);
         printf(", \"challenge\": ");
         print_eval_json(stdout, &challenge_split);
@@ -1026,7 +1077,7 @@ static int evaluate_and_save(const Options *o, const Inputs *in, ModuleSet *ms, 
         print_eval_table(stdout, "held-out prompts (challenge split)", &challenge_split, c->n_layers);
         if (o->eval_train) print_eval_table(stdout, "training prompts (what the fit saw)", &train_split, c->n_layers);
     }
-    fprintf(stderr, "fitting took %.1fs (%d steps), the whole run %.1fs\n", fit_seconds, o->steps,
+    fprintf(stderr, "fitting took %.1fs (%d steps), the whole run %.1fs\n", fit_seconds, total_steps(o),
             now_seconds() - t_start);
     evalresult_free(&random_split); evalresult_free(&challenge_split); evalresult_free(&train_split);
     return 0;
@@ -1058,7 +1109,7 @@ int main(int argc, char **argv) {
     /* 3. teacher pass, challenge split */
     TeacherData td;
     float *embed = xmalloc((size_t)all->n_prompts * c->dim * sizeof(float));
-    if (teacher_pass(&in.model, &in.doc, all, is_train, o.lambda_kl > 0, (size_t)o.teacher_logits_mb << 20, &td,
+    if (teacher_pass(&in.model, &in.doc, all, is_train, uses_kl(&o), (size_t)o.teacher_logits_mb << 20, &td,
                      embed) != 0) return 1;
     mark_challenge(all, is_train, embed, c->dim);
     free(embed);
@@ -1075,20 +1126,19 @@ int main(int argc, char **argv) {
                .adam = {xmalloc(ms.n_params * sizeof(float)), xmalloc(ms.n_params * sizeof(float)), 0}};
     double var_alpha, var_A;
     regression_normalisers(&td.fit, c, &var_alpha, &var_A);
-    fit.weight_alpha = (float)(o.lambda_alpha / var_alpha);
-    fit.weight_A = (float)(o.lambda_A / var_A);
+    make_stages(&o, var_alpha, var_A, fit.stages);
     int max_len = promptset_max_len(all);
-    if (o.lambda_kl > 0) fit.dlogits = xmalloc((size_t)max_len * c->vocab_size * sizeof(float));
-    if (o.lambda_kl > 0 && !td.logits) runstate_alloc(&fit.teacher, &in.model, &in.doc, max_len, max_len);
+    if (uses_kl(&o)) fit.dlogits = xmalloc((size_t)max_len * c->vocab_size * sizeof(float));
+    if (uses_kl(&o) && !td.logits) runstate_alloc(&fit.teacher, &in.model, &in.doc, max_len, max_len);
     uint64_t run_hash = run_fingerprint(&o, &in, all);
     if (o.resume_path && resume(&o, &fit, run_hash) != 0) return 1;
-    int last_step = o.stop_after > 0 && o.stop_after < o.steps ? o.stop_after : o.steps;
+    int last_step = o.stop_after > 0 && o.stop_after < total_steps(&o) ? o.stop_after : total_steps(&o);
     backend->start(&fit);
     double t_fit = now_seconds();
     if (fit_modules(&fit, backend, run_hash, last_step) != 0) return 1;
     backend->finish(&fit);
     double fit_seconds = now_seconds() - t_fit;
-    if (last_step < o.steps) {
+    if (last_step < total_steps(&o)) {
         fprintf(stderr, "stopped after step %d as asked; resume with --resume %s%s\n", last_step,
                 o.checkpoint_path ? o.checkpoint_path : "(no --checkpoint given)",
                 o.init_path ? " instead of --init (the checkpoint holds the modules)" : "");

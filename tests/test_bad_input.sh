@@ -131,6 +131,10 @@ expect_error "--json without --eval" "$bin/infer" -m $model -I "$tmp/prompt.ids"
 expect_error "train --lambda-A nan" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --lambda-A nan
 expect_error "train --lambda-kl -1" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --lambda-kl -1
 expect_error "train --lr inf" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --lr inf
+expect_error "train --kl-steps -1" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --kl-steps -1
+expect_error "train --kl-lr 0" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --kl-lr 0
+expect_error "train --steps + --kl-steps beyond int" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" \
+    --steps 2147483647 --kl-steps 1
 echo "4294967301 10 11 12" > "$tmp/wide.ids"
 expect_error "train prompt id beyond int" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" \
     --prompt-ids "$tmp/wide.ids" --prompt-len 8 --steps 1

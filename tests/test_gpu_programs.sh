@@ -4,7 +4,8 @@
 # present, and on the emulator build, build-emu/, everywhere):
 #   infer -t 0: the same greedy tokens, exact and Nectar;
 #   train --gpu: modules whose held-out metrics match the CPU-fitted ones,
-#   with the regression loss and with pure KL; infer --eval --gpu refused;
+#   with the regression loss, with pure KL and with a KL stage after
+#   regression (--kl-steps); infer --eval --gpu refused;
 #   benchmark --gpu: runs to the end on short documents.
 # usage: tests/test_gpu_programs.sh BINDIR   (BINDIR holds infer, train, benchmark)
 set -u
@@ -49,21 +50,24 @@ PY
 ok=$?; cat "$tmp/cmp"
 check "train --gpu: held-out metrics match the CPU fit" $([ $ok = 0 ] && echo 1 || echo 0)
 
-# the KL term (the transformer's backward on the GPU): 10 steps each way.
-# The same gradient noise (1e-6 to 1e-3 of the RMS) moved this KL by at most
-# 5.1e-4; the tolerance is 1.6e-3.
+# the KL term (the transformer's backward on the GPU): 10 steps each way, of
+# pure KL, and of regression then --kl-steps (the KL stage's AdamW moments
+# start from zero on the device). For pure KL, the same gradient noise (1e-6
+# to 1e-3 of the RMS) moved this KL by at most 5.1e-4; the tolerance is 1.6e-3.
 fit_args="--lr 1e-2 --tasks 0 --n-prompts 200 --prompt-len 48"
-$bin/train $m -d data/doc.txt -o "$tmp/cpu_kl.nectar" --steps 10 --loss kl $fit_args --json > "$tmp/cpu_kl.json" 2>/dev/null
-$bin/train $m -d data/doc.txt -o "$tmp/gpu_kl.nectar" --steps 10 --loss kl $fit_args --json --gpu > "$tmp/gpu_kl.json" 2> "$tmp/gpu_kl.err"
-python3 - "$tmp/cpu_kl.json" "$tmp/gpu_kl.json" <<'PY' > "$tmp/cmp_kl" 2>&1
+for loss in "--steps 10 --loss kl" "--steps 5 --loss regression --kl-steps 5 --kl-lr 1e-2"; do
+    $bin/train $m -d data/doc.txt -o "$tmp/cpu_kl.nectar" $loss $fit_args --json > "$tmp/cpu_kl.json" 2>/dev/null
+    $bin/train $m -d data/doc.txt -o "$tmp/gpu_kl.nectar" $loss $fit_args --json --gpu > "$tmp/gpu_kl.json" 2> "$tmp/gpu_kl.err"
+    python3 - "$tmp/cpu_kl.json" "$tmp/gpu_kl.json" <<'PY' > "$tmp/cmp_kl" 2>&1
 import json, sys
 cpu, gpu = (json.load(open(p))["random"] for p in sys.argv[1:3])
 tol = 0.02 * max(abs(cpu["kl_nodoc"] - cpu["kl"]), 1e-3)
 print(f"    kl: CPU {cpu['kl']:.6g}, GPU {gpu['kl']:.6g}, |diff| {abs(cpu['kl'] - gpu['kl']):.2e} (tolerance {tol:.2e})")
 sys.exit(0 if abs(cpu["kl"] - gpu["kl"]) <= tol else 1)
 PY
-ok=$?; cat "$tmp/cmp_kl"; [ -s "$tmp/gpu_kl.json" ] || cat "$tmp/gpu_kl.err"
-check "train --gpu --loss kl: held-out KL matches the CPU fit" $([ $ok = 0 ] && echo 1 || echo 0)
+    ok=$?; cat "$tmp/cmp_kl"; [ -s "$tmp/gpu_kl.json" ] || cat "$tmp/gpu_kl.err"
+    check "train --gpu $loss: held-out KL matches the CPU fit" $([ $ok = 0 ] && echo 1 || echo 0)
+done
 
 # generation: greedy tokens, the same module on both. On the CPU every
 # greedy choice here wins by at least 0.014 logits (of up to 21.5), 14 times

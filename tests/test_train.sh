@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # train and infer end to end on a small random GQA model: fitting helps,
 # runs are deterministic, resume equals an uninterrupted run, --init goes
-# on from a module file, the oracle quadrature is exact, and module files
-# fitted elsewhere are refused.
+# on from a module file, --kl-steps does the same in one run, the oracle
+# quadrature is exact, and module files fitted elsewhere are refused.
 # usage: tests/test_train.sh [BINDIR]   (BINDIR holds infer and train)
 set -u
 bin=${1:-.}
@@ -93,6 +93,22 @@ for bad in "-s 99:held out other prompts" "--arch quad:another architecture" "--
 done
 ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 train -o "$tmp/x.nectar" --init "$tmp/kl.nectar" -D "$tmp/doc2.ids" > /dev/null 2> "$tmp/log"
 [ $? -eq 1 ] && grep -q "^error: .*different document" "$tmp/log" && ok "--init refused: another document" || fail "--init with another document"
+
+# --kl-steps: the regression fit, then pure KL from it, in one run: what the
+# two runs above (the fit, then --init its file --loss kl) give, bit for bit;
+# and resumed at the stage boundary (the checkpoint holds the first stage's
+# Adam moments, which the KL stage does not take) or inside the KL stage
+train -o "$tmp/staged.nectar" --steps 400 --kl-steps 100 --kl-lr 3e-2 > /dev/null 2> "$tmp/log" || cat "$tmp/log"
+cmp -s "$tmp/regkl.nectar" "$tmp/staged.nectar" && ok "--kl-steps: one run equals the fit, then --init --loss kl" \
+    || fail "--kl-steps against --init --loss kl"
+for stop in 400 450; do
+    rm -f "$tmp/ck_staged" "$tmp/resumed.nectar"
+    train -o "$tmp/resumed.nectar" --steps 400 --kl-steps 100 --kl-lr 3e-2 --checkpoint "$tmp/ck_staged" \
+        --stop-after $stop > /dev/null 2>&1
+    train -o "$tmp/resumed.nectar" --steps 400 --kl-steps 100 --kl-lr 3e-2 --resume "$tmp/ck_staged" > /dev/null 2>&1
+    cmp -s "$tmp/staged.nectar" "$tmp/resumed.nectar" && ok "--kl-steps: stopped after step $stop, resumed, the same bytes" \
+        || fail "--kl-steps resumed after step $stop"
+done
 
 # quadrature with rho = 1 (p = n, W = K, Z = V) at initialisation is exact
 train -o "$tmp/quad.nectar" --arch quad --rho 1 --steps 0 --json > "$tmp/quad.json" 2> /dev/null
