@@ -57,19 +57,17 @@ demo: infer train
 # Nectar on a real model and a real document: SmolLM2-135M-Instruct (fetched
 # when missing) compiles the Apache-2.0 license text of this machine (MLP,
 # rho 10%) on chat self-study, then prints the held-out tasks' exact,
-# Nectar and no-document answers and the storage line. Two fits: regression
-# (2000 steps: fast, but the next tokens drift), then pure KL going on from
-# it (120 steps at a lower learning rate, each a forward and backward of the
-# 30 layers; 200 gave the same held-out KL). Train's defaults (6000 pure-KL
-# steps) would take hours on 2 cores (see README). About 17 minutes alone.
+# Nectar and no-document answers and the storage line. One fit in two
+# stages: regression (2000 steps: fast, but the next tokens drift), then pure
+# KL going on from it (120 steps at a lower learning rate, each a forward and
+# backward of the 30 layers; 200 gave the same held-out KL). Train's defaults
+# (6000 pure-KL steps) would take hours on 2 cores (see README).
 REAL_DOC := /usr/share/common-licenses/Apache-2.0
 REAL_FLAGS := --rho 0.1 --n-prompts 32 --tasks 64 --loss regression --steps 2000
-REAL_KL_FLAGS := --loss kl --steps 120 --lr 3e-3 --teacher-logits-mb 2048
+REAL_KL_FLAGS := --kl-steps 120 --kl-lr 3e-3 --teacher-logits-mb 2048
 demo-real: real-doc infer train $(SMOLLM2)
 	@mkdir -p $(DEMO_DIR)
-	./train -m $(SMOLLM2) -d $(REAL_DOC) $(REAL_FLAGS) -o $(DEMO_DIR)/apache-regression.nectar
-	./train -m $(SMOLLM2) -d $(REAL_DOC) $(REAL_FLAGS) $(REAL_KL_FLAGS) --init $(DEMO_DIR)/apache-regression.nectar \
-	    -o $(DEMO_DIR)/apache.nectar
+	./train -m $(SMOLLM2) -d $(REAL_DOC) $(REAL_FLAGS) $(REAL_KL_FLAGS) -o $(DEMO_DIR)/apache.nectar
 	./infer -m $(SMOLLM2) -d $(REAL_DOC) --chat -k $(DEMO_DIR)/apache.nectar --eval --answers
 real-doc:  # before the model is fetched
 	@test -f $(REAL_DOC) || { echo "error: $(REAL_DOC) is missing (Debian's base-files package has it)" >&2; exit 1; }

@@ -8,10 +8,11 @@
 #   scripts/results.sh real [mlp|quad]  SmolLM2 on Apache-2.0, MLP (or quadrature) modules at rho 2%, 5%,
 #                                 10%, with make demo-real's flags (regression; make smollm2 first; about
 #                                 25 minutes on 2 cores)
-#   scripts/results.sh real-losses  SmolLM2 on Apache-2.0 at rho 10%: demo-real's regression fit; 200 steps
-#                                 of pure KL and of mixed at lr 3e-3 from the usual start, and of pure KL
-#                                 going on from the regression fit (with the metrics of its training prompts
-#                                 too); about an hour on 2 cores
+#   scripts/results.sh real-losses [DOC]  SmolLM2 on Apache-2.0 (or DOC, a name in /usr/share/common-licenses)
+#                                 at rho 10%: demo-real's regression fit; 200 steps of pure KL and of mixed
+#                                 at lr 3e-3 from the usual start, and of pure KL going on from the
+#                                 regression fit (--kl-steps; with the metrics of its training prompts too);
+#                                 about an hour on 2 cores for Apache-2.0, two for GPL-3
 #   scripts/results.sh real-documents  SmolLM2 with demo-real's regression flags on Apache-2.0 and GPL-3:
 #                                 the metrics, the training time, and the serving cost at the documents' lengths
 #                                 (./benchmark) with the requests that pay for the training; about 20 minutes
@@ -133,13 +134,15 @@ real|real-losses|real-documents)
         for split in random challenge; do for rho in 0.02 0.05 0.1; do row "$arch $rho" "real-$rho" $split; done; done
         echo; echo "Held-out: $(heldout real-0.1)."; fit_times real-0.02 real-0.05 real-0.1 ;;
     real-losses)
+        doc=/usr/share/common-licenses/${2:-Apache-2.0}
+        [ -f "$doc" ] || { echo "error: $doc is not a file (real-losses takes a name in its folder)" >&2; exit 1; }
         kl="--loss kl --steps 200 --lr 3e-3 --teacher-logits-mb 2048"
-        fit regression $apache $flags
-        fit kl $apache $flags $kl
-        fit mixed $apache $flags $kl --loss mixed
-        fit regression-kl $apache $flags $kl --init "$tmp/regression.nectar" --eval-train
+        fit regression "$doc" $flags
+        fit kl "$doc" $flags $kl
+        fit mixed "$doc" $flags $kl --loss mixed
+        fit regression-kl "$doc" $flags --kl-steps 200 --kl-lr 3e-3 --teacher-logits-mb 2048 --eval-train
         steps=$(top_number "$tmp/kl.json" steps)
-        header "loss, rho $(top_number "$tmp/regression.json" rho)"
+        header "loss on ${doc##*/}, rho $(top_number "$tmp/regression.json" rho)"
         for split in random challenge; do
             row "regression, $(top_number "$tmp/regression.json" steps) steps" regression $split
             row "pure KL, $steps steps" kl $split
@@ -169,5 +172,6 @@ documents)
         echo "- document $i: \"$(cat "$tmp/doc$i/doc.txt")\"; held-out $(heldout "doc$i"); its prompts.txt" \
              "tasks (never given to train): Nectar's answer equals the full cache's on $(user_tasks "$tmp/doc$i" "doc$i")."
     done ;;
-*) echo "usage: scripts/results.sh capacity|losses|documents|real [mlp|quad]|real-losses|real-documents" >&2; exit 1 ;;
+*) echo "usage: scripts/results.sh capacity|losses|documents|real [mlp|quad]|real-losses [DOC]|real-documents" >&2
+   exit 1 ;;
 esac
