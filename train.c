@@ -79,8 +79,9 @@ static void usage(FILE *f) {
         "                    regression fit, then KL, in one run (default 0)\n"
         "  --kl-lr LR        the peak learning rate of the --kl-steps (default 3e-3)\n"
         "  --batch N         prompt positions per step (default 64; x heads per group)\n"
-        "  --lr LR           peak learning rate (default 3e-2)   --wd W  weight decay (default 0)\n"
-        "  --warmup F        warmup fraction of the steps (default 0.05)\n"
+        "  --lr LR           peak learning rate of the --steps (default 3e-2)   --wd W  weight decay\n"
+        "                    (default 0)\n"
+        "  --warmup F        warmup fraction of each stage's steps (default 0.05)\n"
         "  --loss PRESET     kl (default: pure KL) | regression | mixed (regression + 1 KL); the\n"
         "                    regression terms are divided by their targets' variance\n"
         "  --lambda-alpha X  score loss weight (presets: 0.1 mlp, 0 quad; kl 0)\n"
@@ -100,11 +101,12 @@ static void usage(FILE *f) {
         "  --answer-len N    answers (the full cache's greedy answer after a task or extra prompt,\n"
         "                    and the held-out answer rollouts) end at a newline, or at the end of a\n"
         "                    chat turn with --chat, or after N tokens (default 48; 128 with --chat)\n"
-        "  --checkpoint P    write a checkpoint to P every --checkpoint-every steps (default steps/4)\n"
+        "  --checkpoint P    write a checkpoint to P every --checkpoint-every steps (default a quarter\n"
+        "                    of --steps and --kl-steps)\n"
         "  --resume P        continue from checkpoint P (same data and options)\n"
         "  --init FILE       start from the modules of FILE, fitted to this model and document with the\n"
         "                    same architecture, budget and held-out prompts (a regression fit, to go on\n"
-        "                    with --loss kl, say); a new optimiser and schedule\n"
+        "                    with --loss kl, say; in one run: --kl-steps); a new optimiser and schedule\n"
         "  --stop-after N    stop after step N (with a checkpoint), as if interrupted\n"
         "  -s SEED           seed of prompts, split, init and batches (default 1234)\n"
         "  --json            one JSON object on stdout instead of tables\n"
@@ -197,13 +199,15 @@ static const char *finish_options(Options *o) {
         o->depth_backbone + o->depth_score + o->depth_target < 1)
         return "--depths B,S,T must be >= 0 with 1 <= B+S+T <= 64";
     if (o->steps < 0 || o->kl_steps < 0 || o->steps > INT_MAX - o->kl_steps)
-        return "need --steps >= 0 (0: evaluate the initial modules) and --kl-steps >= 0, their sum an int";
+        return "need --steps >= 0 (0: evaluate the initial modules) and --kl-steps >= 0, at most 2147483647 together";
     if (o->batch < 1 || o->n_prompts < 0 || o->n_tasks < 0 ||
         (o->prompt_len != NOT_GIVEN && o->prompt_len < 2) || (o->answer_len != NOT_GIVEN && o->answer_len < 0) ||
         o->stop_after < 0 || o->checkpoint_every < 0 || o->teacher_logits_mb < 0 || o->teacher_logits_mb > (1 << 24))
         return "need --batch >= 1, --n-prompts >= 0, --tasks >= 0, "
                "--prompt-len >= 2, --answer-len >= 0, --stop-after >= 0, --checkpoint-every >= 0 and "
                "--teacher-logits-mb in 0..16777216";
+    if (!isnan(o->kl_lr) && o->kl_steps == 0) return "--kl-lr sets the rate of the --kl-steps; give both";
+    if (isnan(o->kl_lr)) o->kl_lr = 3e-3f;
     if (!(o->lr > 0) || !(o->kl_lr > 0) || o->weight_decay < 0 || o->warmup_fraction < 0 || o->warmup_fraction >= 1)
         return "need --lr > 0, --kl-lr > 0, --wd >= 0 and --warmup in [0, 1)";
     if (o->lambda_alpha < 0 || o->lambda_A < 0 || o->lambda_kl < 0 || o->lambda_alpha + o->lambda_A + o->lambda_kl == 0)
@@ -241,7 +245,7 @@ static int check_outputs(const Options *o) {
 }
 
 static int parse_options(int argc, char **argv, Options *o) {
-    *o = (Options){.arch = ARCH_MLP, .rho = 0.1f, .lr = 3e-2f, .kl_lr = 3e-3f, .warmup_fraction = 0.05f,
+    *o = (Options){.arch = ARCH_MLP, .rho = 0.1f, .lr = 3e-2f, .kl_lr = NAN, .warmup_fraction = 0.05f,
                    .lambda_alpha = NAN, .lambda_A = NAN, .lambda_kl = NAN, .kl_prompts = 2, .answer_len = NOT_GIVEN,
                    .steps = 6000, .batch = 64, .n_prompts = 50, .n_tasks = 300,
                    .prompt_len = NOT_GIVEN, .chat = -1, .teacher_logits_mb = 1024, .depth_backbone = 1, .depth_score = 1, .depth_target = 1, .groups = "",
@@ -679,7 +683,7 @@ static int init_from_file(const char *path, ModuleSet *file, ModuleSet *ms) {
 
 typedef struct {
     float *m, *v;   /* (n_params) Adam moments */
-    int step;       /* steps done */
+    int step;       /* the run's steps done, through both stages */
 } Adam;
 
 /* A stage of the fit: the loss given (--loss, --steps), then with
@@ -690,18 +694,20 @@ typedef struct {
     float lr;                      /* peak learning rate */
     float weight_alpha, weight_A;  /* lambda_alpha / Var(alpha), lambda_A / sum_k Var(A_k) */
     float lambda_kl;
-    const char *name;              /* in the progress line */
+    const char *name, *lr_option;  /* in the progress line; the option that sets lr */
 } Stage;
 
 /* The two stages (the second has no steps without --kl-steps), with the
  * regression terms divided by their normalisers. */
 static void make_stages(const Options *o, double var_alpha, double var_A, Stage stages[2]) {
-    stages[0] = (Stage){0, o->steps, o->lr, (float)(o->lambda_alpha / var_alpha), (float)(o->lambda_A / var_A),
-                        o->lambda_kl, ""};
-    stages[1] = (Stage){o->steps, o->kl_steps, o->kl_lr, 0, 0, 1, " (KL)"};
+    stages[0] = (Stage){.first = 0, .steps = o->steps, .lr = o->lr,
+                        .weight_alpha = (float)(o->lambda_alpha / var_alpha), .weight_A = (float)(o->lambda_A / var_A),
+                        .lambda_kl = o->lambda_kl, .name = "", .lr_option = "--lr"};
+    stages[1] = (Stage){.first = o->steps, .steps = o->kl_steps, .lr = o->kl_lr, .weight_alpha = 0, .weight_A = 0,
+                        .lambda_kl = 1, .name = " (KL)", .lr_option = "--kl-lr"};
 }
 
-/* lr(t) at the stage's step t: linear warmup to the peak, then cosine decay to 0 */
+/* lr(t) at the stage's step t (from 0): linear warmup to the peak, then cosine decay to 0 */
 static float learning_rate(const Stage *s, float warmup_fraction, int t) {
     int warmup = (int)(warmup_fraction * s->steps);
     if (t < warmup) return s->lr * (t + 1) / warmup;
@@ -796,9 +802,10 @@ typedef struct {
 
 /* A fit step's parts, on one device: the regression gradients at the batch
  * positions (zeroing the gradients first), one prompt's KL term (gradient
- * added), clipping and the AdamW step (the stage's step t counts from 1;
- * at t = 1 the moments start from zero), and the parameters and moments
- * back on the host (for checkpoints and the end). */
+ * added), clipping and the AdamW step (t: its count within the stage, from
+ * 1, for the bias correction; at t = 1 the moments start from zero), and
+ * the parameters and moments back on the host (for checkpoints and the
+ * end). */
 typedef struct {
     void   (*start)(Fit *f);
     double (*regression)(Fit *f, const long *pos);
@@ -965,6 +972,25 @@ static int kl_terms(Fit *f, const FitBackend *be, uint64_t *rng, double *loss) {
     return 0;
 }
 
+/* The fit's progress line, at most once a second and at the last step of
+ * a stage or of the run: the time since the fit started, and the ETA of
+ * the stage at its own pace (a KL step is a forward and a backward of the
+ * model, a regression step far less), from the step it began at here. */
+typedef struct { double t_fit, t_stage, last_print; int stage_start; } FitProgress;
+
+static void print_fit_progress(const Fit *f, FitProgress *p, int step, int last_step, double loss, float lr,
+                               double norm) {
+    const Stage *s = f->stage;
+    int stage_end = s->first + s->steps, next_stage = s == &f->stages[0] && f->o->kl_steps > 0;
+    double now = now_seconds();
+    if (now - p->last_print < 1.0 && step + 1 != stage_end && step + 1 != last_step) return;
+    p->last_print = now;
+    double eta = (now - p->t_stage) / (step + 1 - p->stage_start) * (stage_end - step - 1);
+    fprintf(stderr, "\rstep %d/%d%s  loss %.5f  lr %.2e  |g| %.3f  %.1fs  ETA %.0fs%s   ", step + 1,
+            total_steps(f->o), s->name, loss, lr, norm, now - p->t_fit, eta, next_stage ? " + the KL stage" : "");
+    if (step + 1 == stage_end && next_stage && step + 1 < last_step) fprintf(stderr, "\n");
+}
+
 /* L = lambda_alpha L_alpha / var_alpha + lambda_A L_A / var_A over the batch positions +
  * lambda_kl mean KL(teacher || Nectar) over kl_prompts prompts, with the
  * weights of the step's stage, minimised from the Adam step the fit starts
@@ -975,32 +1001,31 @@ static int kl_terms(Fit *f, const FitBackend *be, uint64_t *rng, double *loss) {
 static int fit_modules(Fit *f, const FitBackend *be, uint64_t run_hash, int last_step) {
     const Options *o = f->o;
     long *pos = xmalloc(o->batch * sizeof(long)), P = f->td->fit.P;
-    double t_fit = now_seconds(), last_print = 0;
-    int first_step = f->adam.step, rc = 0;
-    for (int step = first_step; step < last_step && rc == 0; step++) {
-        f->stage = &f->stages[step >= f->stages[1].first];  /* without --kl-steps, step < stages[1].first */
-        int t = step - f->stage->first;
-        uint64_t batch_rng = fnv1a(o->seed, &t, sizeof t) | 1;
+    FitProgress progress = {now_seconds(), 0, 0, 0};
+    int rc = 0;
+    for (int step = f->adam.step; step < last_step && rc == 0; step++) {
+        const Stage *stage = &f->stages[step >= f->stages[1].first];  /* without --kl-steps, step < stages[1].first */
+        if (stage != f->stage) {
+            f->stage = stage;
+            progress.t_stage = now_seconds();
+            progress.stage_start = step;
+        }
+        int stage_step = step - stage->first;  /* from 0 */
+        uint64_t batch_rng = fnv1a(o->seed, &stage_step, sizeof stage_step) | 1;
         for (int b = 0; b < o->batch; b++) pos[b] = (long)(rng_u32(&batch_rng) % (uint32_t)P);
-        float lr = learning_rate(f->stage, o->warmup_fraction, t);
+        float lr = learning_rate(stage, o->warmup_fraction, stage_step);
         f->adam.step++;
         double loss = be->regression(f, pos);
-        if (f->stage->lambda_kl > 0 && kl_terms(f, be, &batch_rng, &loss) != 0) { rc = -1; break; }
-        double norm = be->update(f, lr, t + 1);
+        if (stage->lambda_kl > 0 && kl_terms(f, be, &batch_rng, &loss) != 0) { rc = -1; break; }
+        double norm = be->update(f, lr, stage_step + 1);
         if (!isfinite(loss) || !isfinite(norm)) {  /* a NaN norm would pass the clipping unseen */
-            fprintf(stderr, "\nerror: training diverged at step %d%s (loss %g, gradient norm %g); lower %s (%g), "
-                    "--wd or the loss weights\n", step + 1, f->stage->name, loss, norm,
-                    f->stage == &f->stages[0] ? "--lr" : "--kl-lr", f->stage->lr);
+            fprintf(stderr, "\nerror: training diverged at step %d%s (loss %g, gradient norm %g); lower %s (%g)%s\n",
+                    step + 1, stage->name, loss, norm, stage->lr_option, stage->lr,
+                    stage == &f->stages[0] ? ", --wd or the loss weights" : " or --wd");
             rc = -1;
             break;
         }
-        double now = now_seconds() - t_fit;
-        if (now - last_print > 1.0 || step + 1 == last_step) {
-            last_print = now;
-            fprintf(stderr, "\rstep %d/%d%s  loss %.5f  lr %.2e  |g| %.3f  %.1fs  ETA %.0fs   ", step + 1,
-                    total_steps(o), f->stage->name, loss, lr, norm, now,
-                    now / (step + 1 - first_step) * (last_step - step - 1));
-        }
+        print_fit_progress(f, &progress, step, last_step, loss, lr, norm);
         if (o->checkpoint_path && ((step + 1) % o->checkpoint_every == 0 || step + 1 == last_step)) {
             be->download(f);
             rc = save_checkpoint(o->checkpoint_path, f->ms, &f->adam, run_hash);
@@ -1015,12 +1040,15 @@ static int fit_modules(Fit *f, const FitBackend *be, uint64_t run_hash, int last
  * refused. */
 static uint64_t run_fingerprint(const Options *o, const Inputs *in, const PromptSet *all) {
     uint64_t h = fnv1a(FNV_OFFSET, &o->arch, sizeof o->arch);
-    float floats[] = {o->rho, o->lr, o->weight_decay, o->warmup_fraction, o->lambda_alpha, o->lambda_A, o->lambda_kl,
-                      o->kl_lr};
-    int ints[] = {o->steps, o->kl_steps, o->batch, o->kl_prompts, o->n_prompts, o->n_tasks, o->prompt_len,
-                  o->answer_len, o->depth_backbone, o->depth_score, o->depth_target};
+    float floats[] = {o->rho, o->lr, o->weight_decay, o->warmup_fraction, o->lambda_alpha, o->lambda_A, o->lambda_kl};
+    int ints[] = {o->steps, o->batch, o->kl_prompts, o->n_prompts, o->n_tasks, o->prompt_len, o->answer_len,
+                  o->depth_backbone, o->depth_score, o->depth_target};
     h = fnv1a(h, floats, sizeof floats);
     h = fnv1a(h, ints, sizeof ints);
+    if (o->kl_steps > 0) {  /* hashed where there is a KL stage: a checkpoint of a run without one stays valid */
+        h = fnv1a(h, &o->kl_steps, sizeof o->kl_steps);
+        h = fnv1a(h, &o->kl_lr, sizeof o->kl_lr);
+    }
     h = fnv1a(h, &o->seed, sizeof o->seed);
     h = fnv1a(h, o->groups, strlen(o->groups));
     h = fnv1a(h, &in->model.fingerprint, sizeof(uint64_t));

@@ -54,8 +54,11 @@ check "train --gpu: held-out metrics match the CPU fit" $([ $ok = 0 ] && echo 1 
 # pure KL, and of regression then --kl-steps (the KL stage's AdamW moments
 # start from zero on the device). For pure KL, the same gradient noise (1e-6
 # to 1e-3 of the RMS) moved this KL by at most 5.1e-4; the tolerance is 1.6e-3.
+# For the two stages the emulator gives the CPU's KL to the last digit
+# printed; without the device's moments reset it was 3.3e-2 off, against a
+# tolerance of 2.8e-4.
 fit_args="--lr 1e-2 --tasks 0 --n-prompts 200 --prompt-len 48"
-for loss in "--steps 10 --loss kl" "--steps 5 --loss regression --kl-steps 5 --kl-lr 1e-2"; do
+for loss in "--steps 10 --loss kl" "--steps 5 --loss regression --kl-steps 5 --kl-lr 2e-2"; do
     $bin/train $m -d data/doc.txt -o "$tmp/cpu_kl.nectar" $loss $fit_args --json > "$tmp/cpu_kl.json" 2>/dev/null
     $bin/train $m -d data/doc.txt -o "$tmp/gpu_kl.nectar" $loss $fit_args --json --gpu > "$tmp/gpu_kl.json" 2> "$tmp/gpu_kl.err"
     python3 - "$tmp/cpu_kl.json" "$tmp/gpu_kl.json" <<'PY' > "$tmp/cmp_kl" 2>&1

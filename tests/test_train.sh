@@ -95,20 +95,33 @@ ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 train -o "$tmp/x.nectar" --init "$tmp/
 [ $? -eq 1 ] && grep -q "^error: .*different document" "$tmp/log" && ok "--init refused: another document" || fail "--init with another document"
 
 # --kl-steps: the regression fit, then pure KL from it, in one run: what the
-# two runs above (the fit, then --init its file --loss kl) give, bit for bit;
-# and resumed at the stage boundary (the checkpoint holds the first stage's
-# Adam moments, which the KL stage does not take) or inside the KL stage
-train -o "$tmp/staged.nectar" --steps 400 --kl-steps 100 --kl-lr 3e-2 > /dev/null 2> "$tmp/log" || cat "$tmp/log"
-cmp -s "$tmp/regkl.nectar" "$tmp/staged.nectar" && ok "--kl-steps: one run equals the fit, then --init --loss kl" \
-    || fail "--kl-steps against --init --loss kl"
+# two runs (the fit, then --init its file --loss kl at the --kl-lr, not the
+# --lr) give, bit for bit; an empty first stage is a pure-KL run; resumed at
+# the stage boundary (the checkpoint holds the first stage's Adam moments,
+# which the KL stage does not take) or inside the KL stage, the same bytes
+train -o "$tmp/regkl2.nectar" --init "$tmp/fit.nectar" --steps 100 --loss kl --lr 1e-2 > /dev/null 2> "$tmp/log" ||
+    cat "$tmp/log"
+staged="--steps 400 --kl-steps 100 --kl-lr 1e-2"
+train -o "$tmp/staged.nectar" $staged --json > "$tmp/staged.json" 2> "$tmp/log" || cat "$tmp/log"
+cmp -s "$tmp/regkl2.nectar" "$tmp/staged.nectar" && ! cmp -s "$tmp/regkl.nectar" "$tmp/staged.nectar" &&
+    ok "--kl-steps: one run equals the fit, then --init --loss kl" || fail "--kl-steps against --init --loss kl"
+train -o "$tmp/kl100.nectar" --loss kl --steps 100 --lr 1e-2 > /dev/null 2>&1
+train -o "$tmp/kl100s.nectar" --steps 0 --kl-steps 100 --kl-lr 1e-2 > /dev/null 2>&1
+cmp -s "$tmp/kl100.nectar" "$tmp/kl100s.nectar" && ok "--steps 0 --kl-steps 100 equals --loss kl --steps 100" \
+    || fail "--steps 0 --kl-steps against --loss kl"
 for stop in 400 450; do
     rm -f "$tmp/ck_staged" "$tmp/resumed.nectar"
-    train -o "$tmp/resumed.nectar" --steps 400 --kl-steps 100 --kl-lr 3e-2 --checkpoint "$tmp/ck_staged" \
-        --stop-after $stop > /dev/null 2>&1
-    train -o "$tmp/resumed.nectar" --steps 400 --kl-steps 100 --kl-lr 3e-2 --resume "$tmp/ck_staged" > /dev/null 2>&1
-    cmp -s "$tmp/staged.nectar" "$tmp/resumed.nectar" && ok "--kl-steps: stopped after step $stop, resumed, the same bytes" \
-        || fail "--kl-steps resumed after step $stop"
+    train -o "$tmp/resumed.nectar" $staged --checkpoint "$tmp/ck_staged" --stop-after $stop > /dev/null 2> "$tmp/log1"
+    train -o "$tmp/resumed.nectar" $staged --resume "$tmp/ck_staged" > /dev/null 2> "$tmp/log2"
+    grep -q "^stopped after step $stop " "$tmp/log1" && grep -q "^resumed from .* at step $stop$" "$tmp/log2" &&
+        cmp -s "$tmp/staged.nectar" "$tmp/resumed.nectar" &&
+        ok "--kl-steps: stopped after step $stop, resumed, the same bytes" || fail "--kl-steps resumed after step $stop"
 done
+# the KL stage's teacher logits recomputed (the first stage, by regression, has no KL term)
+train -o "$tmp/staged_redo.nectar" $staged --teacher-logits-mb 0 --json > "$tmp/staged_redo.json" 2> "$tmp/log"
+a=$(json "$tmp/staged.json" random kl) b=$(json "$tmp/staged_redo.json" random kl)
+grep -q "recomputed at each KL step" "$tmp/log" && is "($a - $b)^2 <= (1e-4 * $a)^2 && $a > 0" \
+    && ok "--kl-steps, teacher logits recomputed: the same KL fit (1e-4)" || fail "--kl-steps recomputed: '$a' '$b'"
 
 # quadrature with rho = 1 (p = n, W = K, Z = V) at initialisation is exact
 train -o "$tmp/quad.nectar" --arch quad --rho 1 --steps 0 --json > "$tmp/quad.json" 2> /dev/null
