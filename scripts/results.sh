@@ -12,7 +12,8 @@
 #                                 at rho 10%: demo-real's regression fit; 200 steps of pure KL and of mixed
 #                                 at lr 3e-3 from the usual start, and of pure KL going on from the
 #                                 regression fit (--kl-steps; with the metrics of its training prompts too);
-#                                 about an hour on 2 cores for Apache-2.0, two for GPL-3
+#                                 48 minutes on 2 cores for Apache-2.0, 2.4 hours for GPL-3 with other fits
+#                                 running beside it
 #   scripts/results.sh real-documents  SmolLM2 with demo-real's regression flags on Apache-2.0 and GPL-3:
 #                                 the metrics, the training time, and the serving cost at the documents' lengths
 #                                 (./benchmark) with the requests that pay for the training; about 20 minutes
