@@ -137,12 +137,12 @@ real|real-losses|real-documents)
     real-losses)
         doc=/usr/share/common-licenses/${2:-Apache-2.0}
         [ -f "$doc" ] || { echo "error: $doc is not a file (real-losses takes a name in its folder)" >&2; exit 1; }
-        kl_steps=200 kl_lr=3e-3
-        kl="--loss kl --steps $kl_steps --lr $kl_lr --teacher-logits-mb 2048"
+        kl_steps=200 kl_lr=3e-3 logits="--teacher-logits-mb 2048"
+        kl="--loss kl --steps $kl_steps --lr $kl_lr $logits"
         fit regression "$doc" $flags
         fit kl "$doc" $flags $kl
         fit mixed "$doc" $flags $kl --loss mixed
-        fit regression-kl "$doc" $flags --kl-steps $kl_steps --kl-lr $kl_lr --teacher-logits-mb 2048 --eval-train
+        fit regression-kl "$doc" $flags --kl-steps $kl_steps --kl-lr $kl_lr $logits --eval-train
         steps=$(top_number "$tmp/kl.json" steps)
         header "loss on ${doc##*/}, rho $(top_number "$tmp/regression.json" rho)"
         for split in random challenge; do
