@@ -36,12 +36,14 @@
 /* ------------------------------------------------------------------------ */
 /* Options                                                                  */
 
-enum { NOT_GIVEN = INT_MIN };  /* --prompt-len, --answer-len: chosen by load_inputs, as the model is */
+enum { NOT_GIVEN = INT_MIN };  /* an option left to the recipe (below), which load_inputs picks */
+typedef enum { LOSS_KL, LOSS_REGRESSION, LOSS_MIXED } LossPreset;
 
 typedef struct {
     const char *model_path, *tok_path, *doc_text_path, *doc_ids_path, *out_path;
     const char *prompts_text_path, *prompts_ids_path, *checkpoint_path, *resume_path, *init_path;
-    ModuleArch arch;
+    int arch;         /* ModuleArch, or NOT_GIVEN */
+    int loss_preset;  /* LossPreset, or NOT_GIVEN */
     float rho, lr, weight_decay, warmup_fraction, lambda_alpha, lambda_A, lambda_kl, kl_lr;
     int steps, kl_steps, batch, kl_prompts, n_prompts, n_tasks, prompt_len, answer_len, checkpoint_every, stop_after;
     int json;
@@ -50,10 +52,27 @@ typedef struct {
     int gpu;
     int chat;  /* 1: --chat, 0: --no-chat, -1: as the model is (load_inputs decides) */
     int depth_backbone, depth_score, depth_target;
-    enum { LOSS_KL, LOSS_REGRESSION, LOSS_MIXED } loss_preset;
     const char *groups;
     unsigned long long seed;
 } Options;
+
+/* Train's defaults, as the model is: a recipe fills in what the command line
+ * left out (NOT_GIVEN, or NaN for --kl-lr) once load_inputs knows whether
+ * the run is a chat one. A small plain-text model, of llama2.c's size, fits
+ * best by pure KL: 6000 steps at --lr, minutes on a CPU. A chat model is a
+ * real LLM, each of whose KL steps is a forward and backward of all its
+ * layers: its recipe is a regression fit of quadrature modules (2000 cheap
+ * steps), then 400 KL steps going on from it, on a smaller self-study (32
+ * spans, 64 tasks): 20 minutes on 2 cores for SmolLM2-135M and Apache-2.0
+ * (README: what each part of it gains). */
+typedef struct {
+    ModuleArch arch;
+    LossPreset loss;
+    int steps, kl_steps, n_prompts, n_tasks, prompt_len, answer_len;
+    float kl_lr;
+} Recipe;
+static const Recipe PLAIN_RECIPE = {ARCH_MLP, LOSS_KL, 6000, 0, 50, 300, 80, 48, 3e-3f};
+static const Recipe CHAT_RECIPE = {ARCH_QUAD, LOSS_REGRESSION, 2000, 400, 32, 64, 196, 128, 2e-3f};
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -65,36 +84,41 @@ static void usage(FILE *f) {
         "  --chat            the model's chat template: the document goes into the user's turn, each\n"
         "                    text prompt ends the turn, self-study writes chat tasks (infer --chat\n"
         "                    uses the modules); the default for a model with a ChatML template and a\n"
-        "                    text document\n"
+        "                    text document. A chat run has a real model's defaults (its recipe):\n"
+        "                    quadrature, 2000 regression steps, then 400 KL steps, on a smaller\n"
+        "                    self-study (each option below says where it differs)\n"
         "  --no-chat         the document and prompts as plain text, even for a chat model\n"
         "  -o OUT.nectar     module file to write\n"
-        "  --arch mlp|quad   module architecture (default mlp)\n"
+        "  --arch mlp|quad   module architecture (default mlp; quad with --chat)\n"
         "  --rho R           budget: params / (2 n d) per module (default 0.1)\n"
         "  --depths B,S,T    MLP depths: backbone, score head, target head (default 1,1,1)\n"
         "  --groups SPEC     layer-group capacity multipliers a-b:m,... (layers a..b-1 get m;\n"
         "                    normalised to average 1), e.g. 0-2:1,2-4:2 for 4 layers\n"
-        "  --steps N         optimisation steps (default 6000; 0 evaluates the initial modules)\n"
+        "  --steps N         optimisation steps (default 6000, 2000 with --chat; 0 evaluates the initial\n"
+        "                    modules)\n"
         "  --kl-steps N      then N pure-KL steps going on from the fitted modules, with fresh AdamW\n"
         "                    moments and their own warmup and decay from a peak of --kl-lr: a\n"
-        "                    regression fit, then KL, in one run (default 0)\n"
-        "  --kl-lr LR        the peak learning rate of the --kl-steps (default 3e-3)\n"
+        "                    regression fit, then KL, in one run (default 0; 400 with --chat)\n"
+        "  --kl-lr LR        the peak learning rate of the --kl-steps (default 3e-3; 2e-3 with --chat)\n"
         "  --batch N         prompt positions per step (default 64; x heads per group)\n"
         "  --lr LR           peak learning rate of the --steps (default 3e-2)   --wd W  weight decay\n"
         "                    (default 0)\n"
         "  --warmup F        warmup fraction of each stage's steps (default 0.05)\n"
-        "  --loss PRESET     kl (default: pure KL) | regression | mixed (regression + 1 KL); the\n"
-        "                    regression terms are divided by their targets' variance\n"
-        "  --lambda-alpha X  score loss weight (presets: 0.1 mlp, 0 quad; kl 0)\n"
+        "  --loss PRESET     kl (default: pure KL) | regression (the default with --chat) | mixed\n"
+        "                    (regression + 1 KL); the regression terms are divided by their targets'\n"
+        "                    variance\n"
+        "  --lambda-alpha X  score loss weight (presets: 0.1; kl 0)\n"
         "  --lambda-A X      target loss weight (presets: 1; kl 0)\n"
         "  --lambda-kl X     KL distillation weight (presets: kl and mixed 1, regression 0)\n"
         "  --kl-prompts N    training prompts per step for the KL term (default 2)\n"
         "  --teacher-logits-mb N  the KL term's teacher logits are kept from the teacher pass up to N MB,\n"
-        "                    else recomputed at each step, on the CPU (default 1024)\n"
-        "  --n-prompts N     self-study spans and continuations of the document (default 50)\n"
+        "                    else recomputed at each step, on the CPU (default 2048)\n"
+        "  --n-prompts N     self-study spans and continuations of the document (default 50; 32 with\n"
+        "                    --chat)\n"
         "  --tasks N         self-study task prompts (needs a tokenizer): the full-cache model writes\n"
         "                    tasks about the document and answers them: quote, continue and question\n"
         "                    tasks, a third each, from 8 N tries; with --chat, questions it writes\n"
-        "                    and quote and summary requests, from 4 N (default 300)\n"
+        "                    and quote and summary requests, from 4 N (default 300; 64 with --chat)\n"
         "  --prompt-len N    prompt length cap in tokens, answer included (default 80; 196 with --chat)\n"
         "  --prompts FILE    extra prompts, one per line (text, needs -z; \\n is a newline)\n"
         "  --prompt-ids FILE extra prompts, one per line (token ids)\n"
@@ -179,18 +203,12 @@ static int total_steps(const Options *o) { return o->steps + o->kl_steps; }
 /* 1 if a step of the run has a KL term (it needs the teacher's logits). */
 static int uses_kl(const Options *o) { return o->lambda_kl > 0 || o->kl_steps > 0; }
 
-/* The loss presets (lambda_alpha, lambda_A, lambda_kl): regression MLP
- * (0.1, 1, 0), quadrature (0, 1, 0); mixed adds 1 KL (the regression terms
- * are normalised, of order 0.1-1, and KL is in nats per position); pure KL
- * (0, 0, 1), the default: it reproduces the full cache's answers best.
- * Explicit weights win (a weight not given is NaN, which parsing never
- * yields). Then the ranges: NULL or the sentence. */
-static const char *finish_options(Options *o) {
-    int preset = o->loss_preset;
-    float preset_alpha = preset == LOSS_KL ? 0.0f : o->arch == ARCH_MLP ? 0.1f : 0.0f;
-    if (isnan(o->lambda_alpha)) o->lambda_alpha = preset_alpha;
-    if (isnan(o->lambda_A)) o->lambda_A = preset == LOSS_KL ? 0.0f : 1.0f;
-    if (isnan(o->lambda_kl)) o->lambda_kl = preset == LOSS_REGRESSION ? 0.0f : 1.0f;
+/* 1 if option value v was given and is below min. */
+static int given_below(int v, int min) { return v != NOT_GIVEN && v < min; }
+
+/* What the command line gave, checked before the model is read (what it
+ * left to the recipe, in apply_recipe): NULL or the sentence. */
+static const char *check_options(const Options *o) {
     if (!o->model_path) return "a model is required (-m); see --help";
     if (!o->out_path) return "an output file is required (-o OUT.nectar)";
     if (!o->doc_text_path == !o->doc_ids_path) return "give the document as -d DOC.txt or -D DOC.ids (one of them)";
@@ -198,20 +216,18 @@ static const char *finish_options(Options *o) {
     if (!depths_valid(o->depth_backbone, o->depth_score, o->depth_target) ||
         o->depth_backbone + o->depth_score + o->depth_target < 1)
         return "--depths B,S,T must be >= 0 with 1 <= B+S+T <= 64";
-    if (o->steps < 0 || o->kl_steps < 0 || o->steps > INT_MAX - o->kl_steps)
-        return "need --steps >= 0 (0: evaluate the initial modules) and --kl-steps >= 0, at most 2147483647 together";
-    if (o->batch < 1 || o->n_prompts < 0 || o->n_tasks < 0 ||
-        (o->prompt_len != NOT_GIVEN && o->prompt_len < 2) || (o->answer_len != NOT_GIVEN && o->answer_len < 0) ||
+    if (given_below(o->steps, 0) || given_below(o->kl_steps, 0))
+        return "need --steps >= 0 (0: evaluate the initial modules) and --kl-steps >= 0";
+    if (o->batch < 1 || given_below(o->n_prompts, 0) || given_below(o->n_tasks, 0) ||
+        given_below(o->prompt_len, 2) || given_below(o->answer_len, 0) ||
         o->stop_after < 0 || o->checkpoint_every < 0 || o->teacher_logits_mb < 0 || o->teacher_logits_mb > (1 << 24))
         return "need --batch >= 1, --n-prompts >= 0, --tasks >= 0, "
                "--prompt-len >= 2, --answer-len >= 0, --stop-after >= 0, --checkpoint-every >= 0 and "
                "--teacher-logits-mb in 0..16777216";
-    if (!isnan(o->kl_lr) && o->kl_steps == 0) return "--kl-lr sets the rate of the --kl-steps; give both";
-    if (isnan(o->kl_lr)) o->kl_lr = 3e-3f;
-    if (!(o->lr > 0) || !(o->kl_lr > 0) || o->weight_decay < 0 || o->warmup_fraction < 0 || o->warmup_fraction >= 1)
+    if (!(o->lr > 0) || !(isnan(o->kl_lr) || o->kl_lr > 0) || o->weight_decay < 0 || o->warmup_fraction < 0 ||
+        o->warmup_fraction >= 1)
         return "need --lr > 0, --kl-lr > 0, --wd >= 0 and --warmup in [0, 1)";
-    if (o->lambda_alpha < 0 || o->lambda_A < 0 || o->lambda_kl < 0 || o->lambda_alpha + o->lambda_A + o->lambda_kl == 0)
-        return "the loss weights must be >= 0 and not all 0";
+    if (o->lambda_alpha < 0 || o->lambda_A < 0 || o->lambda_kl < 0) return "the loss weights must be >= 0";
     if (o->kl_prompts < 1 || o->kl_prompts > 64) return "--kl-prompts must be in 1..64";
     if (o->stop_after > 0 && !o->checkpoint_path) return "--stop-after needs --checkpoint, or the fit is lost";
     if (o->init_path && o->resume_path) return "--init and --resume both give the modules to start from; give one";
@@ -220,6 +236,30 @@ static const char *finish_options(Options *o) {
 #ifndef NECTAR_CUDA
     if (o->gpu) return NO_GPU_SUPPORT;
 #endif
+    return NULL;
+}
+
+/* Recipe r for what the command line left out, then the loss presets
+ * (lambda_alpha, lambda_A, lambda_kl): regression (0.1, 1, 0); mixed adds 1
+ * KL (the regression terms are normalised, of order 0.1-1, and KL is in
+ * nats per position); pure KL (0, 0, 1), which reproduces the full cache's
+ * answers best. Explicit values win (a weight not given is NaN, which
+ * parsing never yields). NULL, or the sentence. */
+static const char *apply_recipe(Options *o, const Recipe *r) {
+    int *given[] = {&o->arch, &o->loss_preset, &o->steps, &o->kl_steps, &o->n_prompts, &o->n_tasks,
+                    &o->prompt_len, &o->answer_len};
+    const int recipe[] = {r->arch, r->loss, r->steps, r->kl_steps, r->n_prompts, r->n_tasks,
+                          r->prompt_len, r->answer_len};
+    for (int k = 0; k < 8; k++)
+        if (*given[k] == NOT_GIVEN) *given[k] = recipe[k];
+    if (o->steps > INT_MAX - o->kl_steps) return "--steps and --kl-steps must be at most 2147483647 together";
+    if (!isnan(o->kl_lr) && o->kl_steps == 0) return "--kl-lr sets the rate of the --kl-steps; give both";
+    if (isnan(o->kl_lr)) o->kl_lr = r->kl_lr;
+    int preset = o->loss_preset;
+    if (isnan(o->lambda_alpha)) o->lambda_alpha = preset == LOSS_KL ? 0.0f : 0.1f;
+    if (isnan(o->lambda_A)) o->lambda_A = preset == LOSS_KL ? 0.0f : 1.0f;
+    if (isnan(o->lambda_kl)) o->lambda_kl = preset == LOSS_REGRESSION ? 0.0f : 1.0f;
+    if (o->lambda_alpha + o->lambda_A + o->lambda_kl == 0) return "the loss weights must not all be 0";
     int total = total_steps(o);
     if (o->checkpoint_every <= 0) o->checkpoint_every = total / 4 > 0 ? total / 4 : 1;
     return NULL;
@@ -245,10 +285,11 @@ static int check_outputs(const Options *o) {
 }
 
 static int parse_options(int argc, char **argv, Options *o) {
-    *o = (Options){.arch = ARCH_MLP, .rho = 0.1f, .lr = 3e-2f, .kl_lr = NAN, .warmup_fraction = 0.05f,
-                   .lambda_alpha = NAN, .lambda_A = NAN, .lambda_kl = NAN, .kl_prompts = 2, .answer_len = NOT_GIVEN,
-                   .steps = 6000, .batch = 64, .n_prompts = 50, .n_tasks = 300,
-                   .prompt_len = NOT_GIVEN, .chat = -1, .teacher_logits_mb = 1024, .depth_backbone = 1, .depth_score = 1, .depth_target = 1, .groups = "",
+    *o = (Options){.arch = NOT_GIVEN, .loss_preset = NOT_GIVEN, .rho = 0.1f, .lr = 3e-2f, .kl_lr = NAN,
+                   .warmup_fraction = 0.05f, .lambda_alpha = NAN, .lambda_A = NAN, .lambda_kl = NAN, .kl_prompts = 2,
+                   .steps = NOT_GIVEN, .kl_steps = NOT_GIVEN, .batch = 64, .n_prompts = NOT_GIVEN,
+                   .n_tasks = NOT_GIVEN, .prompt_len = NOT_GIVEN, .answer_len = NOT_GIVEN, .chat = -1,
+                   .teacher_logits_mb = 2048, .depth_backbone = 1, .depth_score = 1, .depth_target = 1, .groups = "",
                    .seed = 1234};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -261,7 +302,7 @@ static int parse_options(int argc, char **argv, Options *o) {
         if (i + 1 >= argc) { report_last_option(a, VALUE_OPTIONS); return -1; }
         if (parse_value_option(a, argv[++i], o) != 0) return -1;
     }
-    const char *why = finish_options(o);
+    const char *why = check_options(o);
     if (why) { fprintf(stderr, "error: %s\n", why); return -1; }
     return check_outputs(o);
 }
@@ -298,7 +339,7 @@ static int read_document(const Options *o, Inputs *in) {
 }
 
 /* Chat or not (-1: chat for a model with a ChatML template and a text
- * document), and the length caps that go with it. */
+ * document), and the recipe that goes with it. */
 static int choose_chat(Options *o, const Tokenizer *tok) {
     int has_template = tok && tok->chat_system;
     if (o->chat == 1 && !has_template) {
@@ -307,11 +348,12 @@ static int choose_chat(Options *o, const Tokenizer *tok) {
     }
     if (o->chat == -1) {
         o->chat = has_template && o->doc_text_path && !o->prompts_ids_path;
-        if (o->chat) fprintf(stderr, "the model has a chat template: the document is a chat turn and self-study "
-                             "writes chat tasks (--no-chat: plain text; infer needs --chat)\n");
+        if (o->chat) fprintf(stderr, "the model has a chat template: the document is a chat turn, self-study "
+                             "writes chat tasks and the chat recipe's defaults hold (--no-chat: plain text; "
+                             "infer needs --chat)\n");
     }
-    if (o->prompt_len == NOT_GIVEN) o->prompt_len = o->chat ? 196 : 80;
-    if (o->answer_len == NOT_GIVEN) o->answer_len = o->chat ? 128 : 48;
+    const char *why = apply_recipe(o, o->chat ? &CHAT_RECIPE : &PLAIN_RECIPE);
+    if (why) { fprintf(stderr, "error: %s\n", why); return -1; }
     return 0;
 }
 

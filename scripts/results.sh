@@ -6,15 +6,15 @@
 #   scripts/results.sh losses     regression, mixed and pure KL at rho 2%, 10% (data/doc.txt)
 #   scripts/results.sh documents  the defaults on data/doc.txt and held-out documents 1 and 2
 #   scripts/results.sh real [mlp|quad]  SmolLM2 on Apache-2.0, MLP (or quadrature) modules at rho 2%, 5%,
-#                                 10%, with make demo-real's flags (regression; make smollm2 first; about
-#                                 25 minutes on 2 cores)
+#                                 10%, by the regression stage of train's chat recipe (make smollm2 first;
+#                                 about 25 minutes on 2 cores)
 #   scripts/results.sh real-losses [DOC]  SmolLM2 on Apache-2.0 (or DOC, a name in /usr/share/common-licenses)
-#                                 at rho 10%: demo-real's regression fit; 200 steps of pure KL and of mixed
+#                                 at rho 10%: the MLP regression fit; 200 steps of pure KL and of mixed
 #                                 at lr 3e-3 from the usual start, and of pure KL going on from the
 #                                 regression fit (--kl-steps; with the metrics of its training prompts too);
 #                                 48 minutes on 2 cores for Apache-2.0, 2.4 hours for GPL-3 with other fits
 #                                 running beside it
-#   scripts/results.sh real-documents  SmolLM2 with demo-real's regression flags on Apache-2.0 and GPL-3:
+#   scripts/results.sh real-documents  SmolLM2, the MLP regression fit, on Apache-2.0 and GPL-3:
 #                                 the metrics, the training time, and the serving cost at the documents' lengths
 #                                 (./benchmark) with the requests that pay for the training; about 20 minutes
 set -eu
@@ -122,8 +122,9 @@ losses)
 real|real-losses|real-documents)
     MODEL=(-m models/SmolLM2-135M-Instruct.Q4_1.gguf)
     [ -f "${MODEL[1]}" ] || { echo "error: ${MODEL[1]} is missing: make smollm2 first" >&2; exit 1; }
-    flags=$(sed -n 's/^REAL_FLAGS := //p' Makefile)  # later options (--rho, --loss, --steps) override these
-    [ -n "${flags// /}" ] || { echo "error: no REAL_FLAGS := line in the Makefile" >&2; exit 1; }
+    # train's chat recipe (demo-real's) without its KL stage and with MLP modules: its regression fit, 2000
+    # steps on 32 spans and 64 tasks; later options (--arch, --rho, --loss, --steps, --kl-steps) override these
+    flags="--arch mlp --kl-steps 0"
     apache=/usr/share/common-licenses/Apache-2.0 gpl3=/usr/share/common-licenses/GPL-3
     # shellcheck disable=SC2086
     case $what in

@@ -130,6 +130,13 @@ echo "    quadrature rho 1 untrained: target MSE $mse, agreement $agree"
 rte=$(json "$tmp/quad.json" random rte) kl=$(json "$tmp/quad.json" random kl)
 is "$mse < 1e-10 && $agree == 1 && $rte < 1e-6 && $kl < 1e-9" && ok "quadrature rho = 1 at init: zero error, RTE and KL" || fail "quadrature rho = 1 at init"
 
+# the regression preset fits quadrature's log mass too (--lambda-alpha 0.1): left out, the merge weighs the document wrongly
+train -o "$tmp/quad_fit.nectar" --arch quad --steps 200 --json > "$tmp/quad_fit.json" 2> /dev/null
+train -o "$tmp/quad_A.nectar" --arch quad --steps 200 --lambda-alpha 0 --json > "$tmp/quad_A.json" 2> /dev/null
+a=$(json "$tmp/quad_fit.json" random score_mse) b=$(json "$tmp/quad_A.json" random score_mse)
+echo "    quadrature by regression, score MSE: $a with the preset, $b with --lambda-alpha 0"
+is "$a < 0.5 * $b" && ok "the regression preset fits quadrature's score" || fail "quadrature's regression preset: '$a' '$b'"
+
 # layer-group multipliers keep the total budget: layers 1-2 get twice layer 0's share
 train -o "$tmp/groups.nectar" --steps 0 --groups 0-1:1,1-3:2 > "$tmp/groups.txt" 2> /dev/null
 train -o "$tmp/uniform.nectar" --steps 0 > "$tmp/uniform.txt" 2> /dev/null
@@ -269,10 +276,14 @@ expect_refusal "modules fitted with --chat are refused without it" "add --chat" 
     "$bin/infer" -m $gguf -k "$tmp/chat.nectar" -i "the"
 # a model with a chat template and a text document: train frames it as a chat turn without being told
 "$bin/train" -m $gguf -d "$tmp/doc.txt" -o "$tmp/auto.nectar" --steps 20 --n-prompts 20 --prompt-len 12 \
-    > /dev/null 2> "$tmp/log" || cat "$tmp/log"
+    --json > "$tmp/auto.json" 2> "$tmp/log" || cat "$tmp/log"
 grep -q "^the model has a chat template" "$tmp/log" && "$bin/infer" -m $gguf -k "$tmp/auto.nectar" --chat -i "the" -n 2 \
     > /dev/null 2>&1 && ok "train picks --chat for a model with a chat template (--no-chat: plain text)" \
     || fail "train's chat default"
+# and the chat recipe's defaults where the command line is silent (quadrature, 400 KL steps), the plain one's without
+grep -q '"arch": "quad", .*"steps": 20, "kl_steps": 400,' "$tmp/auto.json" \
+    && grep -q '"arch": "mlp", .*"steps": 100, "kl_steps": 0,' "$tmp/gguf.json" \
+    && ok "a chat run takes the chat recipe's defaults, a plain run the plain one's" || fail "recipes: $(head -c 160 "$tmp/auto.json")"
 same=1
 for text in "the cat sat" "Hello, wörld! 123" "two
 lines" "€ 😀"; do
