@@ -748,8 +748,9 @@ static int cpu_table(const Model *m, const Options *o, const References *r, Row 
 }
 
 /* Module fitting's throughput for the rho 10% module of the longest
- * document, and the amortisation of train's default fit against the
- * per-request cost of the full prefill and of a reused KV cache. */
+ * document, and the amortisation of a 6000-step fit (train's plain
+ * recipe) against the per-request cost of the full prefill and of a reused
+ * KV cache. */
 typedef struct {
     int width, batch, longest;
     double queries_per_s, gflops, sgemm_gflops, fit_seconds;
@@ -760,7 +761,7 @@ static Fitting fitting_and_amortisation(const Config *c, const Row *longest) {
     Fitting f = {mlp_width(c, longest->n, 0.10f), 64 * (c->n_heads / c->n_kv_heads), longest->n, 0, 0, 0, 0, {0}};
     fit_throughput(c->dim / c->n_heads, f.width, f.batch, &f.queries_per_s, &f.gflops);
     f.sgemm_gflops = sgemm_gflops(f.batch, f.width, f.width);
-    /* train's defaults: 6000 steps of 64 positions, every query head of a
+    /* the plain recipe's 6000 steps of 64 positions, every query head of a
      * group; requests of PROMPT prompt + 64 generated tokens */
     f.fit_seconds = 6000.0 * f.batch * c->n_layers * c->n_kv_heads / f.queries_per_s;
     const Measure *m[3] = {&longest->full, &longest->reused, &longest->n10};
