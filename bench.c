@@ -467,7 +467,7 @@ static void gpu_fitting(const Config *c, int longest) {
            "a step, forward + backward + AdamW): GPU %.1f steps/s (%.0f queries/s), CPU %.1f steps/s (%.0f queries/s): "
            "GPU %.1fx the CPU\n", longest, mlp_width(c, longest, 0.10f), c->n_layers * c->n_kv_heads, batch,
            queries, gpu_steps, gpu_steps * queries, cpu_steps, cpu_steps * queries, gpu_steps / cpu_steps);
-    printf("train's default 6000 steps: %.0f s on the GPU, %.0f s on the CPU\n", 6000 / gpu_steps, 6000 / cpu_steps);
+    printf("the plain recipe's 6000 steps: %.0f s on the GPU, %.0f s on the CPU\n", 6000 / gpu_steps, 6000 / cpu_steps);
 }
 
 static int bench_gpu(const Model *host, const char *model_path, int min_doc, int max_doc) {

@@ -87,18 +87,20 @@ static void usage(FILE *f) {
         "                    text document. A chat run has a real model's defaults (its recipe):\n"
         "                    quadrature, 2000 regression steps, then 400 KL steps, on a smaller\n"
         "                    self-study (each option below says where it differs)\n"
-        "  --no-chat         the document and prompts as plain text, even for a chat model\n"
+        "  --no-chat         the document and prompts as plain text, even for a chat model (and the\n"
+        "                    plain recipe's defaults: MLP, 6000 pure-KL steps)\n"
         "  -o OUT.nectar     module file to write\n"
         "  --arch mlp|quad   module architecture (default mlp; quad with --chat)\n"
         "  --rho R           budget: params / (2 n d) per module (default 0.1)\n"
         "  --depths B,S,T    MLP depths: backbone, score head, target head (default 1,1,1)\n"
         "  --groups SPEC     layer-group capacity multipliers a-b:m,... (layers a..b-1 get m;\n"
         "                    normalised to average 1), e.g. 0-2:1,2-4:2 for 4 layers\n"
-        "  --steps N         optimisation steps (default 6000, 2000 with --chat; 0 evaluates the initial\n"
-        "                    modules)\n"
+        "  --steps N         optimisation steps (default 6000, 2000 with --chat; 0, with no --kl-steps\n"
+        "                    stage, evaluates the initial modules)\n"
         "  --kl-steps N      then N pure-KL steps going on from the fitted modules, with fresh AdamW\n"
         "                    moments and their own warmup and decay from a peak of --kl-lr: a\n"
-        "                    regression fit, then KL, in one run (default 0; 400 with --chat)\n"
+        "                    regression fit, then KL, in one run (default 0; 400 with --chat and the\n"
+        "                    regression loss)\n"
         "  --kl-lr LR        the peak learning rate of the --kl-steps (default 3e-3; 2e-3 with --chat)\n"
         "  --batch N         prompt positions per step (default 64; x heads per group)\n"
         "  --lr LR           peak learning rate of the --steps (default 3e-2)   --wd W  weight decay\n"
@@ -190,8 +192,13 @@ static int parse_value_option(const char *a, const char *v, Options *o) {
     static const char *int_names[] = {"--kl-prompts", "--steps", "--batch", "--n-prompts", "--tasks",
                                       "--prompt-len", "--answer-len", "--checkpoint-every", "--stop-after",
                                       "--teacher-logits-mb", "--kl-steps"};
-    for (int k = 0; k < 11; k++)
-        if (!strcmp(a, int_names[k])) return parse_int_option(a, v, ints[k]);
+    for (int k = 0; k < 11; k++) {
+        if (strcmp(a, int_names[k])) continue;
+        if (parse_int_option(a, v, ints[k]) != 0) return -1;
+        if (*ints[k] != NOT_GIVEN) return 0;  /* the value that stands for "left to the recipe" */
+        fprintf(stderr, "error: %s %s is out of range\n", a, v);
+        return -1;
+    }
     if (!strcmp(a, "-s")) return parse_seed_option(a, v, &o->seed);
     fprintf(stderr, "error: unknown option '%s' (see --help)\n", a);
     return -1;
@@ -239,19 +246,19 @@ static const char *check_options(const Options *o) {
     return NULL;
 }
 
-/* Recipe r for what the command line left out, then the loss presets
+/* Recipe r for what the command line left out (its KL stage goes with its
+ * loss: another --loss has none unless --kl-steps asks), then the loss presets
  * (lambda_alpha, lambda_A, lambda_kl): regression (0.1, 1, 0); mixed adds 1
  * KL (the regression terms are normalised, of order 0.1-1, and KL is in
  * nats per position); pure KL (0, 0, 1), which reproduces the full cache's
  * answers best. Explicit values win (a weight not given is NaN, which
  * parsing never yields). NULL, or the sentence. */
 static const char *apply_recipe(Options *o, const Recipe *r) {
-    int *given[] = {&o->arch, &o->loss_preset, &o->steps, &o->kl_steps, &o->n_prompts, &o->n_tasks,
-                    &o->prompt_len, &o->answer_len};
-    const int recipe[] = {r->arch, r->loss, r->steps, r->kl_steps, r->n_prompts, r->n_tasks,
-                          r->prompt_len, r->answer_len};
-    for (int k = 0; k < 8; k++)
+    int *given[] = {&o->arch, &o->loss_preset, &o->steps, &o->n_prompts, &o->n_tasks, &o->prompt_len, &o->answer_len};
+    const int recipe[] = {r->arch, r->loss, r->steps, r->n_prompts, r->n_tasks, r->prompt_len, r->answer_len};
+    for (int k = 0; k < 7; k++)
         if (*given[k] == NOT_GIVEN) *given[k] = recipe[k];
+    if (o->kl_steps == NOT_GIVEN) o->kl_steps = o->loss_preset == (int)r->loss ? r->kl_steps : 0;
     if (o->steps > INT_MAX - o->kl_steps) return "--steps and --kl-steps must be at most 2147483647 together";
     if (!isnan(o->kl_lr) && o->kl_steps == 0) return "--kl-lr sets the rate of the --kl-steps; give both";
     if (isnan(o->kl_lr)) o->kl_lr = r->kl_lr;

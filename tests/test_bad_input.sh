@@ -132,6 +132,8 @@ expect_error "train --lambda-A nan" "$bin/train" -m $model -D "$tmp/doc.ids" -o 
 expect_error "train --lambda-kl -1" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --lambda-kl -1
 expect_error "train --lr inf" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --lr inf
 expect_error "train --kl-steps -1" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --kl-steps -1
+expect_error "train --steps -2147483648 (not read as left out)" "$bin/train" -m $model -D "$tmp/doc.ids" \
+    -o "$tmp/x.nectar" --steps -2147483648
 expect_error "train --kl-lr 0" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --kl-steps 5 --kl-lr 0
 expect_error "train --kl-lr without --kl-steps" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --kl-lr 1e-3
 expect_error "train --steps + --kl-steps beyond int" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" \
