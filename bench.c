@@ -56,6 +56,13 @@ static int mlp_width(const Config *c, int n, float rho) {
     return mlp_width_for_budget(d, (long)(rho * 2.0 * n * d), 1, 1, 1);
 }
 
+/* The size rho gives each (layer, KV head) for a document of n tokens: an
+ * MLP's width, or a quadrature module's p = floor(rho n) pairs (2 p d
+ * parameters). */
+static int module_size(const Config *c, ModuleArch arch, int n, float rho) {
+    return arch == ARCH_MLP ? mlp_width(c, n, rho) : (int)(rho * n);
+}
+
 /* A benchmark document of n tokens: BOS, then ids spread over 3..258 (the
  * values do not change the timing). Caller frees. */
 static int *bench_document(int n) {
@@ -65,18 +72,27 @@ static int *bench_document(int n) {
     return ids;
 }
 
-/* MLP modules (1,1,1) of the width rho allows for a document of n tokens in
- * every layer (the values do not change the timing); exits when n is too
- * short for rho (moduleset_alloc says so). */
-static void bench_modules(const Config *c, int n, float rho, int with_grads, ModuleSet *ms) {
-    int *widths = xmalloc(c->n_layers * sizeof(int));
-    for (int l = 0; l < c->n_layers; l++) widths[l] = mlp_width(c, n, rho);
-    if (moduleset_alloc(ms, ARCH_MLP, c->n_layers, c->n_kv_heads, c->dim / c->n_heads, 1, 1, 1, widths,
-                        with_grads) != 0)
+/* Parameter values for timing (they do not change it): an MLP's init with
+ * every parameter moved off zero (its output layer starts at 0), or random
+ * quadrature keys and values. */
+static void bench_values(ModuleSet *ms) {
+    uint64_t rng = 1;
+    if (ms->arch == ARCH_MLP) mlp_init(ms, 1, NULL, NULL);
+    for (size_t i = 0; i < ms->n_params; i++)
+        ms->params[i] = ms->arch == ARCH_MLP ? ms->params[i] + 0.01f : rng_normal(&rng);
+}
+
+/* Modules of the size rho allows for a document of n tokens in every layer:
+ * MLPs (1,1,1) or quadrature modules; exits when n is too short for rho
+ * (moduleset_alloc says so). */
+static void bench_modules(const Config *c, ModuleArch arch, int n, float rho, int with_grads, ModuleSet *ms) {
+    int *sizes = xmalloc(c->n_layers * sizeof(int));
+    for (int l = 0; l < c->n_layers; l++) sizes[l] = module_size(c, arch, n, rho);
+    if (moduleset_alloc(ms, arch, c->n_layers, c->n_kv_heads, c->dim / c->n_heads, 1, 1, 1, sizes, with_grads) != 0)
         exit(1);
-    mlp_init(ms, 1, NULL, NULL);
+    bench_values(ms);
     ms->n_doc = n;
-    free(widths);
+    free(sizes);
 }
 
 /* Progress over the document sizes min_doc, 2 min_doc, ... max_doc: the time
@@ -115,7 +131,7 @@ static double median(double *x, int n) {
 }
 
 /* One configuration, in the child (which exits 1 after forward's sentence). */
-static Measure run_config(const Model *m, RunKind kind, const int *doc_ids, int n, float rho) {
+static Measure run_config(const Model *m, RunKind kind, const int *doc_ids, int n, ModuleArch arch, float rho) {
     const Config *c = &m->config;
     Measure r = {0};
     int prompt[PROMPT + DECODE];
@@ -142,7 +158,7 @@ static Measure run_config(const Model *m, RunKind kind, const int *doc_ids, int 
         doc = (Document){DOC_EXACT, n, &cache, NULL};
         r.state_bytes = 2.0 * sizeof(float) * c->n_layers * n * cache.kv_dim;
     } else if (kind == RUN_NECTAR) {
-        bench_modules(c, n, rho, 0, &ms);
+        bench_modules(c, arch, n, rho, 0, &ms);
         doc = (Document){DOC_NECTAR, n, NULL, &ms};
         r.state_bytes = ms.n_params * sizeof(float);
     }
@@ -172,7 +188,7 @@ static Measure run_config(const Model *m, RunKind kind, const int *doc_ids, int 
 }
 
 /* Runs one configuration in a child process and reads its result back. */
-static Measure measure(const Model *m, RunKind kind, const int *doc_ids, int n, float rho) {
+static Measure measure(const Model *m, RunKind kind, const int *doc_ids, int n, ModuleArch arch, float rho) {
     int fd[2];
     Measure r = {0};
     if (pipe(fd) != 0) { perror("pipe"); exit(1); }
@@ -181,7 +197,7 @@ static Measure measure(const Model *m, RunKind kind, const int *doc_ids, int n, 
     if (pid < 0) { perror("fork"); exit(1); }
     if (pid == 0) {
         close(fd[0]);
-        r = run_config(m, kind, doc_ids, n, rho);
+        r = run_config(m, kind, doc_ids, n, arch, rho);
         ssize_t wrote = write(fd[1], &r, sizeof r);
         _exit(wrote == (ssize_t)sizeof r ? 0 : 1);
     }
@@ -296,12 +312,12 @@ static double kv_bytes(const Config *c, int n) {
 }
 
 /* Module fitting throughput: forward + backward of a batch of N queries
- * through one MLP module, as train's inner loop runs it. */
-static void fit_throughput(int d, int width, int N, double *queries_per_s, double *gflops) {
+ * through one module of this size (width or pairs), as train's inner loop
+ * runs it. */
+static void fit_throughput(ModuleArch arch, int d, int size, int N, double *queries_per_s, double *gflops) {
     ModuleSet ms;
-    moduleset_alloc(&ms, ARCH_MLP, 1, 1, d, 1, 1, 1, &width, 1);
-    mlp_init(&ms, 3, NULL, NULL);
-    for (size_t i = 0; i < ms.n_params; i++) ms.params[i] += 0.01f;  /* nonzero outputs */
+    moduleset_alloc(&ms, arch, 1, 1, d, 1, 1, 1, &size, 1);
+    bench_values(&ms);
     ModuleWork w;
     modulework_alloc(&w, &ms, N);
     float *q = xmalloc((size_t)N * d * sizeof(float)), *a = xmalloc(N * sizeof(float));
@@ -318,7 +334,8 @@ static void fit_throughput(int d, int width, int N, double *queries_per_s, doubl
         t = now_seconds() - t0;
     } while (t < 0.3);
     *queries_per_s = (double)reps * N / t;
-    /* a multiply-add per parameter and query: 2 FLOPs forward, 4 backward */
+    /* a multiply-add per parameter and query: 2 FLOPs forward, 4 backward
+     * (quadrature: q W^T and P Z, each p d of its 2 p d parameters) */
     *gflops = 6.0 * ms.n_params * N * reps / t / 1e9;
     free(q); free(a); free(A); free(da); free(dA);
     modulework_free(&w);
@@ -334,7 +351,7 @@ static void fit_throughput(int d, int width, int N, double *queries_per_s, doubl
 static double fit_steps_per_s(const Config *c, int n, float rho, int batch, int gpu) {
     int L = c->n_layers, G = c->n_kv_heads, H = c->n_heads, D = c->dim;
     ModuleSet ms;
-    bench_modules(c, n, rho, 1, &ms);
+    bench_modules(c, ARCH_MLP, n, rho, 1, &ms);
     long P = 4096;
     FitTargets t = {P, xmalloc((size_t)L * P * D * sizeof(float)), xmalloc((size_t)L * P * D * sizeof(float)),
                     xmalloc((size_t)L * P * H * sizeof(float))};
@@ -520,8 +537,8 @@ static int bench_gpu(const Model *host, const char *model_path, int min_doc, int
         double gflops = (forward_flops(c, n, 0, 0) + forward_flops(c, PROMPT, n, 1)) / (ttft_full / 1e3) / 1e9;
         doccache_free_cuda(&cache);
         ModuleSet h2, d2, h10, d10;
-        bench_modules(c, n, 0.02f, 0, &h2);
-        bench_modules(c, n, 0.10f, 0, &h10);
+        bench_modules(c, ARCH_MLP, n, 0.02f, 0, &h2);
+        bench_modules(c, ARCH_MLP, n, 0.10f, 0, &h10);
         moduleset_upload_cuda(&d2, &h2, 0);
         moduleset_upload_cuda(&d10, &h10, 0);
         Document nectar2 = {DOC_NECTAR, n, NULL, &d2}, nectar10 = {DOC_NECTAR, n, NULL, &d10};
@@ -550,9 +567,11 @@ static int bench_gpu(const Model *host, const char *model_path, int min_doc, int
 #endif
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: benchmark -m MODEL [--max-doc N] [--min-doc N] [--json] [--gpu]\n"
+    fprintf(f, "usage: benchmark -m MODEL [--max-doc N] [--min-doc N] [--arch mlp|quad] [--json] [--gpu]\n"
                "  -m MODEL  a llama2.c checkpoint or GGUF file whose vocabulary holds ids 0..258\n"
                "  document lengths from --min-doc (default 1024) to --max-doc (default 65536), doubling\n"
+               "  --arch    the Nectar modules timed: MLPs (1,1,1) of the width rho allows (mlp, the default)\n"
+               "            or quadrature modules of floor(rho n) pairs (quad; CPU)\n"
                "  --json    one JSON object on stdout instead of the tables (CPU)\n"
                "  --gpu     on the GPU (a build with nvcc), with fitting on the GPU against the CPU\n"
                "  --help    this text\n");
@@ -561,20 +580,24 @@ static void usage(FILE *f) {
 typedef struct {
     const char *model_path;
     int min_doc, max_doc, gpu, json;
+    ModuleArch arch;  /* the Nectar modules timed (the GPU tables: MLPs) */
 } Options;
 
 static int parse_options(int argc, char **argv, Options *o) {
-    *o = (Options){NULL, 1024, 65536, 0, 0};
+    *o = (Options){NULL, 1024, 65536, 0, 0, ARCH_MLP};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); exit(0); }
         if (!strcmp(argv[i], "--gpu")) { o->gpu = 1; continue; }
         if (!strcmp(argv[i], "--json")) { o->json = 1; continue; }
-        if (i + 1 >= argc) { report_last_option(argv[i], " -m --max-doc --min-doc "); return -1; }
+        if (i + 1 >= argc) { report_last_option(argv[i], " -m --max-doc --min-doc --arch "); return -1; }
         const char *a = argv[i], *v = argv[++i];
         int bad = 0;
         if (!strcmp(a, "-m")) o->model_path = v;
         else if (!strcmp(a, "--max-doc")) bad = parse_int_option(a, v, &o->max_doc);
         else if (!strcmp(a, "--min-doc")) bad = parse_int_option(a, v, &o->min_doc);
+        else if (!strcmp(a, "--arch") && (!strcmp(v, "mlp") || !strcmp(v, "quad")))
+            o->arch = !strcmp(v, "mlp") ? ARCH_MLP : ARCH_QUAD;
+        else if (!strcmp(a, "--arch")) { fprintf(stderr, "error: --arch is mlp or quad, not '%s'\n", v); return -1; }
         else { fprintf(stderr, "error: unknown option '%s' (see --help)\n", a); return -1; }
         if (bad) return -1;
     }
@@ -582,8 +605,8 @@ static int parse_options(int argc, char **argv, Options *o) {
         fprintf(stderr, "error: need -m MODEL and 1 <= --min-doc <= --max-doc <= %d\n", MAX_DOC);
         return -1;
     }
-    if (o->gpu && o->json) {
-        fprintf(stderr, "error: --json is for the CPU tables, not --gpu\n");
+    if (o->gpu && (o->json || o->arch != ARCH_MLP)) {
+        fprintf(stderr, "error: --json and --arch are for the CPU tables, not --gpu\n");
         return -1;
     }
     return 0;
@@ -600,7 +623,7 @@ static int check_sizes(const Model *m, const Options *o) {
         return -1;
     }
     int shortest = 1;  /* the shortest document a module at rho 2%, the table's smallest, fits */
-    while (shortest < MAX_DOC && mlp_width(c, shortest, 0.02f) < 1) shortest++;
+    while (shortest < MAX_DOC && module_size(c, o->arch, shortest, 0.02f) < 1) shortest++;
     if (o->min_doc < shortest) {
         fprintf(stderr, "error: --min-doc %d is too short for a module at rho 2%% of %s; use at least %d\n",
                 o->min_doc, o->model_path, shortest);
@@ -689,10 +712,11 @@ static void print_references(const Model *m, const Options *o, const References 
            r->block_gflops, 100 * r->block_gflops / r->sgemm);
     if (o->max_doc > c->seq_len)
         printf("note: documents beyond the model's context (%d) are for timing only (RoPE runs past it)\n", c->seq_len);
-    printf("prompt %d tokens, then %d decoded; Nectar modules are MLPs (1,1,1) of the width that rho allows; "
+    printf("prompt %d tokens, then %d decoded; Nectar modules are %s; "
            "each row's references (streaming read, sgemm mix) are measured again around its runs; decode tok/s from "
            "the median step (robust to other processes' preemptions; the mean is in --json); \"of roofline\": "
-           "decode speed over the roofline with that document's KV cache\n\n", PROMPT, DECODE);
+           "decode speed over the roofline with that document's KV cache\n\n", PROMPT, DECODE,
+           o->arch == ARCH_MLP ? "MLPs (1,1,1) of the width that rho allows" : "quadrature, floor(rho n) pairs");
     printf("| doc tokens | TTFT full prefill | TTFT reused KV | TTFT Nectar 2%% | prefill GFLOP/s (of sgemm) "
            "| decode tok/s exact (of roofline) | Nectar 2%% | Nectar 10%% | no doc (of roofline) | exact ms/token "
            "| peak MB full / reused / Nectar 2%% / 10%% / no doc | KV state | module 2%% | module 10%% "
@@ -733,11 +757,11 @@ static int cpu_table(const Model *m, const Options *o, const References *r, Row 
         Row *w = &rows[n_rows++];
         w->n = n;
         row_references(&m->config, w, 0);
-        w->full = measure(m, RUN_FULL_PREFILL, doc_ids, n, 0);
-        w->reused = measure(m, RUN_REUSED_CACHE, doc_ids, n, 0);
-        w->n2 = measure(m, RUN_NECTAR, doc_ids, n, 0.02f);
-        w->n10 = measure(m, RUN_NECTAR, doc_ids, n, 0.10f);
-        w->none = measure(m, RUN_NO_DOC, doc_ids, n, 0);
+        w->full = measure(m, RUN_FULL_PREFILL, doc_ids, n, o->arch, 0);
+        w->reused = measure(m, RUN_REUSED_CACHE, doc_ids, n, o->arch, 0);
+        w->n2 = measure(m, RUN_NECTAR, doc_ids, n, o->arch, 0.02f);
+        w->n10 = measure(m, RUN_NECTAR, doc_ids, n, o->arch, 0.10f);
+        w->none = measure(m, RUN_NO_DOC, doc_ids, n, o->arch, 0);
         row_references(&m->config, w, 1);
         if (!o->json) print_row(&m->config, r, w);
         free(doc_ids);
@@ -752,15 +776,19 @@ static int cpu_table(const Model *m, const Options *o, const References *r, Row 
  * recipe) against the per-request cost of the full prefill and of a reused
  * KV cache. */
 typedef struct {
-    int width, batch, longest;
+    ModuleArch arch;
+    int size, batch, longest;  /* size: width or pairs */
+    int sgemm_k;               /* the reference product (batch x size x sgemm_k): an MLP's hidden layer, or q W^T */
     double queries_per_s, gflops, sgemm_gflops, fit_seconds;
     double per_request[3];  /* full prefill, reused KV cache, Nectar: seconds */
 } Fitting;
 
-static Fitting fitting_and_amortisation(const Config *c, const Row *longest) {
-    Fitting f = {mlp_width(c, longest->n, 0.10f), 64 * (c->n_heads / c->n_kv_heads), longest->n, 0, 0, 0, 0, {0}};
-    fit_throughput(c->dim / c->n_heads, f.width, f.batch, &f.queries_per_s, &f.gflops);
-    f.sgemm_gflops = sgemm_gflops(f.batch, f.width, f.width);
+static Fitting fitting_and_amortisation(const Config *c, ModuleArch arch, const Row *longest) {
+    int d = c->dim / c->n_heads, size = module_size(c, arch, longest->n, 0.10f);
+    Fitting f = {arch, size, 64 * (c->n_heads / c->n_kv_heads), longest->n, arch == ARCH_MLP ? size : d,
+                 0, 0, 0, 0, {0}};
+    fit_throughput(arch, d, f.size, f.batch, &f.queries_per_s, &f.gflops);
+    f.sgemm_gflops = sgemm_gflops(f.batch, f.size, f.sgemm_k);
     /* the plain recipe's 6000 steps of 64 positions, every query head of a
      * group; requests of PROMPT prompt + 64 generated tokens */
     f.fit_seconds = 6000.0 * f.batch * c->n_layers * c->n_kv_heads / f.queries_per_s;
@@ -770,9 +798,10 @@ static Fitting fitting_and_amortisation(const Config *c, const Row *longest) {
 }
 
 static void print_fitting(const Config *c, const Fitting *f) {
-    printf("\nmodule fitting (width %d, batch %d queries, forward + backward): %.0f queries/s, %.2f GFLOP/s = %.0f%% "
-           "of sgemm at %d x (%d x %d) (%.1f GFLOP/s)\n", f->width, f->batch, f->queries_per_s, f->gflops,
-           100 * f->gflops / f->sgemm_gflops, f->batch, f->width, f->width, f->sgemm_gflops);
+    printf("\nmodule fitting (%s %d, batch %d queries, forward + backward): %.0f queries/s, %.2f GFLOP/s = %.0f%% "
+           "of sgemm at %d x (%d x %d) (%.1f GFLOP/s)\n", f->arch == ARCH_MLP ? "MLP of width" : "quadrature of pairs",
+           f->size, f->batch, f->queries_per_s, f->gflops, 100 * f->gflops / f->sgemm_gflops, f->batch, f->size,
+           f->sgemm_k, f->sgemm_gflops);
     printf("amortisation at %d tokens (rho 10%%, 6000 steps x %d queries x %d modules = %.0f s of fitting, not counting "
            "the teacher pass; requests of %d prompt + 64 generated tokens):\n", f->longest, f->batch,
            c->n_layers * c->n_kv_heads, f->fit_seconds, PROMPT);
@@ -843,10 +872,10 @@ static void print_measure_json(const char *name, const Measure *m, const char *e
 static void print_json(const Model *m, const Options *o, const References *r, const Row *rows, int n_rows,
                        const Fitting *f, const Batching *b) {
     const Config *c = &m->config;
-    printf("{\"model\": \"%s\", \"dim\": %d, \"hidden_dim\": %d, \"n_layers\": %d, \"n_heads\": %d, "
+    printf("{\"model\": \"%s\", \"arch\": \"%s\", \"dim\": %d, \"hidden_dim\": %d, \"n_layers\": %d, \"n_heads\": %d, "
            "\"n_kv_heads\": %d, \"vocab_size\": %d, \"seq_len\": %d, \"prompt_tokens\": %d, \"decode_tokens\": %d,\n",
-           o->model_path, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, c->vocab_size, c->seq_len,
-           PROMPT, DECODE);
+           o->model_path, o->arch == ARCH_MLP ? "mlp" : "quad", c->dim, c->hidden_dim, c->n_layers, c->n_heads,
+           c->n_kv_heads, c->vocab_size, c->seq_len, PROMPT, DECODE);
     printf(" \"threads\": %d, \"stream_gbs\": %.4g, \"weight_bytes_per_token\": %.0f, \"kv_bytes_per_doc_token\": %.0f, "
            "\"roofline_nodoc_tps\": %.4g,\n", r->threads, r->stream_gbs, r->weight_bytes, kv_bytes(c, 1),
            roofline_tps(r->stream_gbs, r->weight_bytes, c, 0));
@@ -870,9 +899,9 @@ static void print_json(const Model *m, const Options *o, const References *r, co
         print_measure_json("nectar10", &w->n10, ",\n   ");
         print_measure_json("no_doc", &w->none, i + 1 < n_rows ? "},\n" : "}\n");
     }
-    printf(" ],\n \"fitting\": {\"width\": %d, \"batch\": %d, \"queries_per_s\": %.4g, \"gflops\": %.4g, "
+    printf(" ],\n \"fitting\": {\"size\": %d, \"batch\": %d, \"queries_per_s\": %.4g, \"gflops\": %.4g, "
            "\"sgemm_gflops\": %.4g, \"fit_seconds\": %.4g, \"per_request_s\": {\"full_prefill\": %.4g, "
-           "\"reused_kv\": %.4g, \"nectar\": %.4g}},\n", f->width, f->batch, f->queries_per_s, f->gflops,
+           "\"reused_kv\": %.4g, \"nectar\": %.4g}},\n", f->size, f->batch, f->queries_per_s, f->gflops,
            f->sgemm_gflops, f->fit_seconds, f->per_request[0], f->per_request[1], f->per_request[2]);
     printf(" \"rollouts\": {\"count\": %d, \"doc_tokens\": %d, \"one_at_a_time_tps\": %.4g, \"batched_tps\": %.4g}}\n",
            ROLLOUTS, b->n, b->one_tps, b->batch_tps);
@@ -900,7 +929,7 @@ int main(int argc, char **argv) {
     if (!o.json) print_references(&m, &o, &refs);
     Row rows[32];
     int n_rows = cpu_table(&m, &o, &refs, rows);                 /* 2. the serving table */
-    Fitting fit = fitting_and_amortisation(&m.config, &rows[n_rows - 1]);  /* 3. fitting and amortisation */
+    Fitting fit = fitting_and_amortisation(&m.config, o.arch, &rows[n_rows - 1]);  /* 3. fitting and amortisation */
     Batching batching = batched_rollouts(&m, rows[0].n);                   /* 4. many prompts at once */
     if (o.json) print_json(&m, &o, &refs, rows, n_rows, &fit, &batching);
     else {

@@ -14,9 +14,11 @@
 #                                 regression fit (--kl-steps; with the metrics of its training prompts too);
 #                                 48 minutes on 2 cores for Apache-2.0, 2.4 hours for GPL-3 with other fits
 #                                 running beside it
-#   scripts/results.sh real-documents  SmolLM2, the MLP regression fit, on Apache-2.0 and GPL-3:
+#   scripts/results.sh real-documents [mlp|chat]  SmolLM2 on Apache-2.0 and GPL-3, the MLP regression fit
+#                                 (or chat: train's defaults, its chat recipe, quadrature then 400 KL steps):
 #                                 the metrics, the training time, and the serving cost at the documents' lengths
-#                                 (./benchmark) with the requests that pay for the training; about 20 minutes
+#                                 (./benchmark with the same modules' form) with the requests that pay for the
+#                                 training; about 20 minutes (chat: 80)
 set -eu
 cd "$(dirname "$0")/.."
 what=${1:-capacity}
@@ -67,16 +69,18 @@ fit_times() {  # fit_times NAME...: the training time of each fit
 }
 # value of a top-level number "key" of a one-line JSON file
 top_number() { sed -E "s/.*\"$2\": ([-0-9.e+]+).*/\1/" "$1"; }
-serving() {  # serving NAME...: ./benchmark at each fit's document length, and the requests that repay its training
+serving() {  # serving ARCH NAME...: ./benchmark of ARCH modules at each fit's document length, and the requests
+             # that repay its training
     echo "| document | tokens | TTFT full prefill / reused KV / Nectar | decode tok/s exact / Nectar / no doc |" \
          "peak MB full / reused / Nectar | KV state | modules | training | per request full / reused / Nectar |" \
          "break-even requests against full prefill / reused KV |"
     echo "|---|---|---|---|---|---|---|---|---|---|"
-    local name n b t full reused nectar
+    local arch=$1 name n b t full reused nectar
+    shift
     for name in "$@"; do
         n=$(top_number "$tmp/$name.json" n_doc) b="$tmp/bench-$name.json"
         echo "benchmark at $n tokens ..." >&2
-        ./benchmark -m "${MODEL[1]}" --min-doc "$n" --max-doc "$n" --json > "$b.lines" 2> "$tmp/bench.log" ||
+        ./benchmark -m "${MODEL[1]}" --min-doc "$n" --max-doc "$n" --arch "$arch" --json > "$b.lines" 2> "$tmp/bench.log" ||
             { cat "$tmp/bench.log" >&2; exit 1; }
         tr -d '\n' < "$b.lines" > "$b"
         t=$(top_number "$tmp/$name.json" total_seconds)
@@ -94,8 +98,8 @@ serving() {  # serving NAME...: ./benchmark at each fit's document length, and t
             BEGIN { printf " %.2f / %.2f / %.2f s | %s / %s |\n", f, r, m, even(f), even(r) }'
     done
     echo
-    echo "The benchmark's documents are random ids of each document's length (for timing), its modules MLPs at" \
-         "rho 10%; decode speeds are medians over the steps; a request is a 16-token prompt and 64 generated" \
+    echo "The benchmark's documents are random ids of each document's length (for timing), its modules" \
+         "$([ "$arch" = mlp ] && echo MLPs || echo quadrature) at rho 10%; decode speeds are medians over the steps; a request is a 16-token prompt and 64 generated" \
          "tokens at the mean decode speed; training is train's whole run."
 }
 heldout() {  # heldout NAME: the held-out counts of a fit
@@ -155,13 +159,19 @@ real|real-losses|real-documents)
         row "regression, then $steps pure KL" regression-kl train
         echo; echo "Held-out: $(heldout regression). KL flags: $kl."; fit_times regression kl mixed regression-kl ;;
     real-documents)
-        fit Apache-2.0 $apache $flags
+        recipe=${2:-mlp}
+        case $recipe in
+        mlp) arch=mlp ;;
+        chat) arch=quad flags="" ;;  # train's defaults for this model
+        *) echo "error: real-documents takes mlp or chat, not $recipe" >&2; exit 1 ;;
+        esac
         fit GPL-3 $gpl3 $flags
-        header "document"
+        fit Apache-2.0 $apache $flags
+        header "document ($recipe)"
         for name in Apache-2.0 GPL-3; do for split in random challenge; do row "$name" $name $split; done; done
         echo; for name in Apache-2.0 GPL-3; do echo "- $name: held-out $(heldout $name)."; done
         fit_times Apache-2.0 GPL-3
-        echo; serving Apache-2.0 GPL-3 ;;
+        echo; serving $arch Apache-2.0 GPL-3 ;;
     esac ;;
 documents)
     mkdir -p "$tmp/doc0"
@@ -175,6 +185,6 @@ documents)
         echo "- document $i: \"$(cat "$tmp/doc$i/doc.txt")\"; held-out $(heldout "doc$i"); its prompts.txt" \
              "tasks (never given to train): Nectar's answer equals the full cache's on $(user_tasks "$tmp/doc$i" "doc$i")."
     done ;;
-*) echo "usage: scripts/results.sh capacity|losses|documents|real [mlp|quad]|real-losses [DOC]|real-documents" >&2
+*) echo "usage: scripts/results.sh capacity|losses|documents|real [mlp|quad]|real-losses [DOC]|real-documents [mlp|chat]" >&2
    exit 1 ;;
 esac

@@ -178,6 +178,8 @@ if [ -x "$bin/pretrain" ] && [ -x "$bin/benchmark" ]; then
     expect_error "benchmark --max-doc with junk" "$bin/benchmark" -m $model --max-doc 3000x
     expect_error "benchmark --max-doc 2^31 - 1" "$bin/benchmark" -m $model --max-doc 2147483647
     expect_error "benchmark --min-doc too short for a module" "$bin/benchmark" -m $model --min-doc 1 --max-doc 4
+    expect_error "benchmark --arch of neither form" "$bin/benchmark" -m $model --arch tree
+    expect_error "benchmark --arch quad --gpu (the GPU tables time MLPs)" "$bin/benchmark" -m $model --arch quad --gpu
 fi
 
 echo "$passed passed, $failed failed"

@@ -296,5 +296,16 @@ lines" "€ 😀"; do
 done
 [ $same -eq 1 ] && ok "a GGUF SentencePiece tokenizer encodes as its tokenizer.bin" || fail "GGUF SentencePiece ids"
 
+# benchmark --arch quad times quadrature modules of floor(rho n) pairs: at 1024 tokens 20 (rho 2%) and 102 (10%)
+# in each of 3 layers x 2 KV heads, 2 p d floats of head size 8
+if [ -x "$bin/benchmark" ]; then
+    "$bin/benchmark" -m "$tmp/model.bin" --min-doc 1024 --max-doc 1024 --arch quad --json > "$tmp/bench.json" \
+        2> "$tmp/log" || cat "$tmp/log"
+    tr -d '\n' < "$tmp/bench.json" > "$tmp/bench1.json"
+    n2=$(json "$tmp/bench1.json" nectar2 state_bytes) n10=$(json "$tmp/bench1.json" nectar10 state_bytes)
+    grep -q '"arch": "quad"' "$tmp/bench1.json" && is "$n2 == 4 * 3 * 2 * 2 * 20 * 8 && $n10 == 4 * 3 * 2 * 2 * 102 * 8" \
+        && ok "benchmark --arch quad: modules of floor(rho n) pairs" || fail "benchmark --arch quad: $n2, $n10 bytes"
+fi
+
 echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]
