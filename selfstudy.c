@@ -83,22 +83,30 @@ unsigned char *split_prompts(int n, unsigned long long seed) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* Spans and continuations                                                  */
+/* The full-cache model's rollouts                                          */
 
-/* Samples `len` tokens that the full-cache model generates after `span`. */
-static void continue_span(const Model *m, const Document *doc, const int *span, int n_span, int len,
-                          Sampler *sampler, int *out) {
-    RunState s;
-    runstate_alloc(&s, m, doc, n_span, n_span + len);
-    forward(m, &s, doc, span, n_span, 0, LOGITS_LAST);
-    float *logits = s.logits + (size_t)(n_span - 1) * m->config.vocab_size;
-    for (int i = 0; i < len; i++) {
-        out[i] = sample(sampler, logits, m->config.vocab_size);
-        if (i + 1 < len) forward(m, &s, doc, &out[i], 1, n_span + i, LOGITS_LAST);
-        logits = s.logits;
-    }
-    runstate_free(&s);
+/* rollouts, for self-study's own run states: its failure (a sentence
+ * already printed) ends the program, as no prompt set can be made. */
+static void generate(const SelfStudyInputs *in, RunState *s, const int stop[2], Sampler *sampler, Rollout *r, int n) {
+    if (rollouts(in->model, s, in->doc, stop, sampler, r, n) != 0) exit(1);
 }
+
+/* The full-cache model's rollout after n tokens (see rollouts): at most cap
+ * tokens into out, up to one of stop, greedy where sampler is NULL; returns
+ * its length. */
+static int full_cache_rollout(const SelfStudyInputs *in, const int *tokens, int n, const int stop[2],
+                              Sampler *sampler, int cap, int *out) {
+    if (cap < 1) return 0;
+    RunState s;
+    runstate_alloc(&s, in->model, in->doc, n, n + cap);
+    Rollout one = {tokens, n, cap, out, 0};
+    generate(in, &s, stop, sampler, &one, 1);
+    runstate_free(&s);
+    return one.len;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Spans and continuations                                                  */
 
 /* Half the prompts quote a document span, half continue one with the
  * model's own sampled tokens; spans of [cap / 2, cap] tokens. */
@@ -116,10 +124,11 @@ static void make_spans(const SelfStudyOptions *o, const SelfStudyInputs *in, Pro
         if (start + len > n_doc) start = n_doc - len;
         if (i % 2 == 0 || len < 4) {  /* quote: a span of the document */
             add_prompt(b, in->doc_ids + start, len, 0);
-        } else {                        /* continue: half a span, then the model's own tokens */
+        } else {                        /* continue: half a span, then the model's own sampled tokens */
             int half = len / 2;
+            const int no_stop[2] = {-1, -1};
             memcpy(buf, in->doc_ids + start, half * sizeof(int));
-            continue_span(in->model, in->doc, buf, half, len - half, &sampler, buf + half);
+            full_cache_rollout(in, buf, half, no_stop, &sampler, len - half, buf + half);
             add_prompt(b, buf, len, 0);
         }
         if (i % 20 == 19 || i + 1 == o->n_spans) print_progress("spans", i + 1, o->n_spans, t0);
@@ -129,24 +138,6 @@ static void make_spans(const SelfStudyOptions *o, const SelfStudyInputs *in, Pro
     free(buf);
 }
 
-/* rollouts, for self-study's own run states: its failure (a sentence
- * already printed) ends the program, as no prompt set can be made. */
-static void generate(const SelfStudyInputs *in, RunState *s, const int stop[2], Sampler *sampler, Rollout *r, int n) {
-    if (rollouts(in->model, s, in->doc, stop, sampler, r, n) != 0) exit(1);
-}
-
-/* The full-cache model's greedy answer after a question of n tokens (see
- * rollouts), at most cap tokens, into answer; returns its length. */
-static int full_cache_answer(const SelfStudyInputs *in, const int *question, int n, const int stop[2], int cap,
-                             int *answer) {
-    if (cap < 1) return 0;
-    RunState s;
-    runstate_alloc(&s, in->model, in->doc, n, n + cap);
-    Rollout one = {question, n, cap, answer, 0};
-    generate(in, &s, stop, NULL, &one, 1);
-    runstate_free(&s);
-    return one.len;
-}
 
 /* ------------------------------------------------------------------------ */
 /* Tasks the model writes                                                   */
@@ -292,7 +283,7 @@ static int try_task(const SelfStudyOptions *o, const SelfStudyInputs *in, const 
     *nq = tokenizer_encode(in->tok, question_text, 0, 0, tokens, MAX_QUESTION);
     if (*nq < 1 || *nq >= cap || has_question(b, tokens, *nq)) return 0;
     int room = cap - *nq < o->answer_len ? cap - *nq : o->answer_len;
-    int answer = full_cache_answer(in, tokens, *nq, stop, room, tokens + *nq);
+    int answer = full_cache_rollout(in, tokens, *nq, stop, NULL, room, tokens + *nq);
     int stopped = answer > 0 && (tokens[*nq + answer - 1] == stop[0] || tokens[*nq + answer - 1] == stop[1]);
     if (!stopped || !task_in_document(in->tok, f, doc_text, text, tokens + *nq, answer)) return 0;
     return *nq + answer;
@@ -616,7 +607,8 @@ static int read_user_prompts(const char *path, const Tokenizer *tok, const SelfS
         if (n < 0 || check_tokens(in->model, ids, n, path) != 0) { free(ids); free(text); return -1; }
         if (n == 0) continue;  /* a blank line */
         if (n > cap) n = cap;
-        int answer = full_cache_answer(in, ids, n, stop, cap - n < o->answer_len ? cap - n : o->answer_len, ids + n);
+        int answer = full_cache_rollout(in, ids, n, stop, NULL, cap - n < o->answer_len ? cap - n : o->answer_len,
+                                        ids + n);
         if (n + answer >= 2) { add_prompt(b, ids, n + answer, n); count++; }
     }
     free(ids);
