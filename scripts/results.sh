@@ -18,7 +18,9 @@
 #                                 (or chat: train's defaults, its chat recipe, quadrature then 400 KL steps):
 #                                 the metrics, the training time, and the serving cost at the documents' lengths
 #                                 (./benchmark with the same modules' form) with the requests that pay for the
-#                                 training; about 20 minutes (chat: 80)
+#                                 training; about 20 minutes (chat: 50)
+#   scripts/results.sh real-serving mlp|quad FIT.json...  the same serving table alone, for SmolLM2 fits made
+#                                 before (train --json output, each named by its file): about 3 minutes a fit
 set -eu
 cd "$(dirname "$0")/.."
 what=${1:-capacity}
@@ -123,7 +125,7 @@ losses)
         for loss in regression mixed kl; do for rho in 0.02 0.1; do row "$loss $rho" "$loss-$rho" $split; done; done
     done
     echo; echo "Held-out: $(heldout kl-0.1)." ;;
-real|real-losses|real-documents)
+real|real-losses|real-documents|real-serving)
     MODEL=(-m models/SmolLM2-135M-Instruct.Q4_1.gguf)
     [ -f "${MODEL[1]}" ] || { echo "error: ${MODEL[1]} is missing: make smollm2 first" >&2; exit 1; }
     # train's chat recipe (demo-real's) without its KL stage and with MLP modules: its regression fit, 2000
@@ -172,6 +174,19 @@ real|real-losses|real-documents)
         echo; for name in Apache-2.0 GPL-3; do echo "- $name: held-out $(heldout $name)."; done
         fit_times Apache-2.0 GPL-3
         echo; serving $arch Apache-2.0 GPL-3 ;;
+    real-serving)
+        arch=${2:-}
+        [ "$arch" = mlp ] || [ "$arch" = quad ] || { echo "error: real-serving takes mlp or quad, then FIT.json files" >&2
+                                                     exit 1; }
+        shift 2
+        [ $# -ge 1 ] || { echo "error: real-serving needs the train --json output of a SmolLM2 fit" >&2; exit 1; }
+        names=()
+        for f in "$@"; do
+            grep -q '"n_doc": [0-9]' "$f" 2> /dev/null || { echo "error: $f is not train's --json output" >&2; exit 1; }
+            names+=("$(basename "$f" .json)")
+            cp "$f" "$tmp/${names[-1]}.json"
+        done
+        serving $arch "${names[@]}" ;;
     esac ;;
 documents)
     mkdir -p "$tmp/doc0"
@@ -185,6 +200,6 @@ documents)
         echo "- document $i: \"$(cat "$tmp/doc$i/doc.txt")\"; held-out $(heldout "doc$i"); its prompts.txt" \
              "tasks (never given to train): Nectar's answer equals the full cache's on $(user_tasks "$tmp/doc$i" "doc$i")."
     done ;;
-*) echo "usage: scripts/results.sh capacity|losses|documents|real [mlp|quad]|real-losses [DOC]|real-documents [mlp|chat]" >&2
+*) echo "usage: scripts/results.sh capacity|losses|documents|real [mlp|quad]|real-losses [DOC]|real-documents [mlp|chat]|real-serving mlp|quad FIT.json..." >&2
    exit 1 ;;
 esac
