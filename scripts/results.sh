@@ -101,8 +101,9 @@ serving() {  # serving ARCH NAME...: ./benchmark of ARCH modules at each fit's d
     done
     echo
     echo "The benchmark's documents are random ids of each document's length (for timing), its modules" \
-         "$([ "$arch" = mlp ] && echo MLPs || echo quadrature) at rho 10%; decode speeds are medians over the steps; a request is a 16-token prompt and 64 generated" \
-         "tokens at the mean decode speed; training is train's whole run."
+         "$([ "$arch" = mlp ] && echo MLPs || echo quadrature) at rho 10%; decode speeds are medians over the" \
+         "steps; a request is a 16-token prompt and 64 generated tokens at the mean decode speed; training is" \
+         "train's whole run."
 }
 heldout() {  # heldout NAME: the held-out counts of a fit
     local f="$tmp/$1.json"

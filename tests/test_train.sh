@@ -2,7 +2,8 @@
 # train and infer end to end on a small random GQA model: fitting helps,
 # runs are deterministic, resume equals an uninterrupted run, --init goes
 # on from a module file, --kl-steps does the same in one run, the oracle
-# quadrature is exact, and module files fitted elsewhere are refused.
+# quadrature is exact, module files fitted elsewhere are refused, and the
+# benchmark sizes quadrature modules by floor(rho n) pairs.
 # usage: tests/test_train.sh [BINDIR]   (BINDIR holds infer and train)
 set -u
 bin=${1:-.}
