@@ -5,9 +5,10 @@
 #   scripts/results.sh capacity   MLP and quadrature at rho 2%, 5%, 10% (data/doc.txt)
 #   scripts/results.sh losses     regression, mixed and pure KL at rho 2%, 10% (data/doc.txt)
 #   scripts/results.sh documents  the defaults on data/doc.txt and held-out documents 1 and 2
-#   scripts/results.sh real [mlp|quad]  SmolLM2 on Apache-2.0, MLP (or quadrature) modules at rho 2%, 5%,
-#                                 10%, by the regression stage of train's chat recipe (make smollm2 first;
-#                                 about 25 minutes on 2 cores)
+#   scripts/results.sh real [mlp|quad] [DOC]  SmolLM2 on Apache-2.0 (or DOC, a name in
+#                                 /usr/share/common-licenses), MLP (or quadrature) modules at rho 2%, 5%, 10%,
+#                                 by the regression stage of train's chat recipe (make smollm2 first; about 25
+#                                 minutes on 2 cores for Apache-2.0)
 #   scripts/results.sh real-losses [DOC]  SmolLM2 on Apache-2.0 (or DOC, a name in /usr/share/common-licenses)
 #                                 at rho 10%: the MLP regression fit; 200 steps of pure KL and of mixed
 #                                 at lr 3e-3 from the usual start, and of pure KL going on from the
@@ -138,8 +139,10 @@ real|real-losses|real-documents|real-serving)
     real)
         arch=${2:-mlp}
         [ "$arch" = mlp ] || [ "$arch" = quad ] || { echo "error: real takes mlp or quad, not $arch" >&2; exit 1; }
-        for rho in 0.02 0.05 0.1; do fit "real-$rho" $apache $flags --arch $arch --rho $rho; done
-        header "module, rho"
+        doc=/usr/share/common-licenses/${3:-Apache-2.0}
+        [ -f "$doc" ] || { echo "error: $doc is not a file (real takes a name in its folder)" >&2; exit 1; }
+        for rho in 0.02 0.05 0.1; do fit "real-$rho" "$doc" $flags --arch $arch --rho $rho; done
+        header "module, rho (${doc##*/})"
         for split in random challenge; do for rho in 0.02 0.05 0.1; do row "$arch $rho" "real-$rho" $split; done; done
         echo; echo "Held-out: $(heldout real-0.1)."; fit_times real-0.02 real-0.05 real-0.1 ;;
     real-losses)
@@ -201,6 +204,6 @@ documents)
         echo "- document $i: \"$(cat "$tmp/doc$i/doc.txt")\"; held-out $(heldout "doc$i"); its prompts.txt" \
              "tasks (never given to train): Nectar's answer equals the full cache's on $(user_tasks "$tmp/doc$i" "doc$i")."
     done ;;
-*) echo "usage: scripts/results.sh capacity|losses|documents|real [mlp|quad]|real-losses [DOC]|real-documents [mlp|chat]|real-serving mlp|quad FIT.json..." >&2
+*) echo "usage: scripts/results.sh capacity|losses|documents|real [mlp|quad] [DOC]|real-losses [DOC]|real-documents [mlp|chat]|real-serving mlp|quad FIT.json..." >&2
    exit 1 ;;
 esac
