@@ -51,16 +51,10 @@ static double forward_flops(const Config *c, double ntok, double ctx, double log
     return matmul + attention;
 }
 
-static int mlp_width(const Config *c, int n, float rho) {
-    int d = c->dim / c->n_heads;
-    return mlp_width_for_budget(d, (long)(rho * 2.0 * n * d), 1, 1, 1);
-}
-
-/* The size rho gives each (layer, KV head) for a document of n tokens: an
- * MLP's width, or a quadrature module's p = floor(rho n) pairs (2 p d
- * parameters). */
+/* The size rho gives each (layer, KV head) for a document of n tokens, as
+ * train sizes it: an MLP (1,1,1)'s width, or a quadrature module's pairs. */
 static int module_size(const Config *c, ModuleArch arch, int n, float rho) {
-    return arch == ARCH_MLP ? mlp_width(c, n, rho) : (int)(rho * n);
+    return module_size_for_budget(arch, c->dim / c->n_heads, (double)rho * n, 1, 1, 1);
 }
 
 /* A benchmark document of n tokens: BOS, then ids spread over 3..258 (the
@@ -482,7 +476,7 @@ static void gpu_fitting(const Config *c, int longest) {
     double queries = (double)batch * c->n_heads * c->n_layers;  /* module queries per step */
     printf("module fitting (rho 10%% of %d tokens: width %d, %d modules; batch %d positions = %.0f module queries "
            "a step, forward + backward + AdamW): GPU %.1f steps/s (%.0f queries/s), CPU %.1f steps/s (%.0f queries/s): "
-           "GPU %.1fx the CPU\n", longest, mlp_width(c, longest, 0.10f), c->n_layers * c->n_kv_heads, batch,
+           "GPU %.1fx the CPU\n", longest, module_size(c, ARCH_MLP, longest, 0.10f), c->n_layers * c->n_kv_heads, batch,
            queries, gpu_steps, gpu_steps * queries, cpu_steps, cpu_steps * queries, gpu_steps / cpu_steps);
     printf("the plain recipe's 6000 steps: %.0f s on the GPU, %.0f s on the CPU\n", 6000 / gpu_steps, 6000 / cpu_steps);
 }

@@ -378,6 +378,18 @@ int mlp_width_for_budget(int d, long budget, int Db, int Ds, int Dt) {
     return w;
 }
 
+/* floor(x) for a budget given in decimal, where x may fall just below the
+ * integer meant: 0.53 is stored as 0.52999997, and 0.53 x 200 must give 106 */
+static long budget_floor(double x) {
+    double nearest = round(x);
+    return (long)(fabs(x - nearest) <= 1e-6 * x ? nearest : floor(x));
+}
+
+int module_size_for_budget(ModuleArch arch, int d, double rho_n, int Db, int Ds, int Dt) {
+    if (arch == ARCH_MLP) return mlp_width_for_budget(d, budget_floor(rho_n * 2.0 * d), Db, Ds, Dt);
+    return (int)budget_floor(rho_n);
+}
+
 size_t module_param_count(const ModuleSet *s, int size) {
     if (s->arch == ARCH_MLP)
         return mlp_param_count(s->head_size, size, s->depth_backbone, s->depth_score, s->depth_target);

@@ -609,13 +609,6 @@ static void regression_normalisers(const FitTargets *t, const Config *c, double 
 /* ------------------------------------------------------------------------ */
 /* Budget                                                                   */
 
-/* floor(x) for a budget given in decimal, where x may fall just below the
- * integer meant: 0.53 is stored as 0.52999997, and 0.53 x 200 must give 106 */
-static long budget_floor(double x) {
-    double nearest = round(x);
-    return (long)(fabs(x - nearest) <= 1e-6 * x ? nearest : floor(x));
-}
-
 /* Per-layer multipliers from "a-b:m,..." (layers [a, b) get m), normalised
  * so that they average 1 over the layers: the total budget is unchanged. */
 static int layer_multipliers(const char *spec, int L, float *mult) {
@@ -648,10 +641,8 @@ static int make_modules(const Options *o, const Inputs *in, ModuleSet *ms) {
     int *sizes = xmalloc(L * sizeof(int)), rc = -1;
     if (layer_multipliers(o->groups, L, mult) != 0) goto done;
     for (int l = 0; l < L; l++) {
-        double budget = o->rho * mult[l] * 2.0 * n_doc * d;
-        sizes[l] = o->arch == ARCH_MLP
-            ? mlp_width_for_budget(d, budget_floor(budget), o->depth_backbone, o->depth_score, o->depth_target)
-            : (int)budget_floor((double)o->rho * mult[l] * n_doc);  /* p = floor(rho n): 2 p d parameters */
+        sizes[l] = module_size_for_budget(o->arch, d, (double)o->rho * mult[l] * n_doc, o->depth_backbone,
+                                          o->depth_score, o->depth_target);
         if (o->arch == ARCH_QUAD && sizes[l] > n_doc) {
             fprintf(stderr, "error: layer %d would get %d quadrature pairs, more than the %d cached pairs they start "
                     "from; keep rho x multiplier <= 1\n", l, sizes[l], n_doc);
