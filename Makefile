@@ -42,6 +42,11 @@ SMOLLM2 := models/SmolLM2-135M-Instruct.Q4_1.gguf
 
 .PHONY: all gpu test test-unit test-bad-input test-train test-cuda test-cuda-emu test-asan test-real clean check-blas info demo demo-real real-doc model bench bench-gpu smollm2
 
+# The long jobs below run with OpenBLAS's fast kernels where it would run its
+# generic ones on a CPU newer than it (an OPENBLAS_CORETYPE=... prefix, or
+# nothing: scripts/fast_blas.sh, parallel.c); the tests run with what it picks.
+fast_blas = $(shell scripts/fast_blas.sh $(1))
+
 # The main job: fit Nectar modules (MLP, rho 10%) to the default document for
 # the default model in data/, on self-study prompts alone (document spans and
 # continuations, and tasks the model writes about the document itself), print
@@ -50,9 +55,9 @@ SMOLLM2 := models/SmolLM2-135M-Instruct.Q4_1.gguf
 DEMO_DIR := out
 demo: infer train
 	@mkdir -p $(DEMO_DIR)
-	./train -m data/model.bin -z data/tokenizer.bin -d data/doc.txt --arch mlp --rho 0.1 -o $(DEMO_DIR)/demo.nectar
+	$(call fast_blas,./train) ./train -m data/model.bin -z data/tokenizer.bin -d data/doc.txt --arch mlp --rho 0.1 -o $(DEMO_DIR)/demo.nectar
 	@echo; echo "document (data/doc.txt):"; cat data/doc.txt; echo; echo
-	./infer -m data/model.bin -z data/tokenizer.bin -d data/doc.txt -k $(DEMO_DIR)/demo.nectar --eval --answers
+	$(call fast_blas,./infer) ./infer -m data/model.bin -z data/tokenizer.bin -d data/doc.txt -k $(DEMO_DIR)/demo.nectar --eval --answers
 
 # Nectar on a real model and a real document: SmolLM2-135M-Instruct (fetched
 # when missing) compiles the Apache-2.0 license text of this machine at rho
@@ -65,8 +70,8 @@ demo: infer train
 REAL_DOC := /usr/share/common-licenses/Apache-2.0
 demo-real: real-doc infer train $(SMOLLM2)
 	@mkdir -p $(DEMO_DIR)
-	./train -m $(SMOLLM2) -d $(REAL_DOC) --rho 0.1 -o $(DEMO_DIR)/apache.nectar
-	./infer -m $(SMOLLM2) -d $(REAL_DOC) --chat -k $(DEMO_DIR)/apache.nectar --eval --answers
+	$(call fast_blas,./train) ./train -m $(SMOLLM2) -d $(REAL_DOC) --rho 0.1 -o $(DEMO_DIR)/apache.nectar
+	$(call fast_blas,./infer) ./infer -m $(SMOLLM2) -d $(REAL_DOC) --chat -k $(DEMO_DIR)/apache.nectar --eval --answers
 real-doc:  # before the model is fetched
 	@test -f $(REAL_DOC) || { echo "error: $(REAL_DOC) is missing (Debian's base-files package has it)" >&2; exit 1; }
 
@@ -75,9 +80,9 @@ real-doc:  # before the model is fetched
 # context) with MLP modules and with quadrature ones (train's defaults for
 # it). `make -s bench BENCH_FLAGS=--json` prints a JSON object per run.
 bench: benchmark
-	./benchmark -m data/model.bin $(BENCH_FLAGS)
-	@if [ -f $(SMOLLM2) ]; then ./benchmark -m $(SMOLLM2) --max-doc 8192 $(BENCH_FLAGS) && \
-	./benchmark -m $(SMOLLM2) --max-doc 8192 --arch quad $(BENCH_FLAGS); \
+	$(call fast_blas,./benchmark) ./benchmark -m data/model.bin $(BENCH_FLAGS)
+	@if [ -f $(SMOLLM2) ]; then $(call fast_blas,./benchmark) ./benchmark -m $(SMOLLM2) --max-doc 8192 $(BENCH_FLAGS) && \
+	$(call fast_blas,./benchmark) ./benchmark -m $(SMOLLM2) --max-doc 8192 --arch quad $(BENCH_FLAGS); \
 	else echo "no $(SMOLLM2): make smollm2 for its tables" >&2; fi
 
 # The same on the GPU (where nvcc is found), document lengths 1K..128K.

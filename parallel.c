@@ -27,6 +27,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -98,7 +99,24 @@ static void pool_after_fork_in_child(void) {
     atomic_store(&pool.busy, 0);
 }
 
-static void register_fork_handler(void) { pthread_atfork(NULL, NULL, pool_after_fork_in_child); }
+/* OpenBLAS built for many CPUs (DYNAMIC_ARCH, as Debian's is) picks its
+ * kernels by the CPU's model, and a model newer than the library gets its
+ * generic SSE3 ones, "Prescott": Debian 12's 0.3.21 on an Emerald Rapids
+ * Xeon (model 207) runs sgemm at 31 GFLOP/s on 2 cores there, against 190
+ * with its AVX-512 ("SkylakeX") kernels. Nothing is wrong but the speed,
+ * so say it once, with the setting that fixes it. */
+static void warn_generic_blas(void) {
+    const char *fast = __builtin_cpu_supports("avx512f") ? "SkylakeX" : __builtin_cpu_supports("avx2") ? "Haswell" : NULL;
+    if (!fast || getenv("OPENBLAS_CORETYPE") || strcmp(openblas_get_corename(), "Prescott") != 0) return;
+    fprintf(stderr, "warning: OpenBLAS does not know this CPU and runs its generic SSE3 kernels (Prescott), several "
+            "times slower than its %s ones, which this CPU can run: OPENBLAS_CORETYPE=%s selects them (make demo, "
+            "demo-real, bench and scripts/results.sh set it)\n", fast, fast);
+}
+
+static void pool_setup(void) {
+    pthread_atfork(NULL, NULL, pool_after_fork_in_child);
+    warn_generic_blas();
+}
 
 static int online_cpus(void) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -111,7 +129,7 @@ int parallel_set_threads(int n) {
         return -1;
     }
     static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, register_fork_handler);
+    pthread_once(&once, pool_setup);
     openblas_set_num_threads(1);  /* the pool is the only parallelism */
     atomic_store(&pool.threads, n ? n : online_cpus());
     return 0;

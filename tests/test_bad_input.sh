@@ -182,5 +182,24 @@ if [ -x "$bin/pretrain" ] && [ -x "$bin/benchmark" ]; then
     expect_error "benchmark --arch quad --gpu (the GPU tables time MLPs)" "$bin/benchmark" -m $model --arch quad --gpu
 fi
 
+# OpenBLAS's generic kernels on a CPU that can run faster ones (parallel.c): a
+# program warns exactly where scripts/fast_blas.sh names the faster core, and
+# not once that core is set (on a CPU OpenBLAS knows, neither says anything)
+check_blas_warning() {
+    local fast; fast=$(scripts/fast_blas.sh "$bin/infer")
+    "$bin/infer" -m $model -I "$tmp/prompt.ids" -n 2 > /dev/null 2> "$tmp/err"
+    local warned=0; grep -q "^warning: OpenBLAS does not know this CPU" "$tmp/err" && warned=1
+    if [ -n "$fast" ]; then env "$fast" "$bin/infer" -m $model -I "$tmp/prompt.ids" -n 2 > /dev/null 2> "$tmp/err2"
+    else : > "$tmp/err2"; fi
+    if [ $warned -eq "$([ -n "$fast" ] && echo 1 || echo 0)" ] && ! grep -q "^warning: OpenBLAS" "$tmp/err2"; then
+        printf '  %-52s ok%s\n' "OpenBLAS's generic kernels: warned where slow" "${fast:+ ($fast fixes it)}"
+        passed=$((passed + 1))
+    else
+        printf '  %-52s FAIL (warned %d, fast_blas.sh: "%s")\n' "OpenBLAS's generic kernels: warned where slow" $warned "$fast"
+        failed=$((failed + 1))
+    fi
+}
+check_blas_warning
+
 echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]
