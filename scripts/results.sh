@@ -15,6 +15,9 @@
 #                                 regression fit (--kl-steps; with the metrics of its training prompts too);
 #                                 48 minutes on 2 cores for Apache-2.0, 2.4 hours for GPL-3 with other fits
 #                                 running beside it
+#   scripts/results.sh real-rounding  SmolLM2 on Apache-2.0: how the full cache's answers change when the
+#                                 document's keys and values are rounded to 10, 7, 5, 3, 2 mantissa bits
+#                                 (exact quadrature modules, rounded; demo-real's held-out prompts)
 #   scripts/results.sh real-documents [mlp|chat]  SmolLM2 on Apache-2.0 and GPL-3, the MLP regression fit
 #                                 (or chat: train's defaults, its chat recipe, quadrature then 400 KL steps):
 #                                 the metrics, the training time, and the serving cost at the documents' lengths
@@ -129,7 +132,7 @@ losses)
         for loss in regression mixed kl; do for rho in 0.02 0.1; do row "$loss $rho" "$loss-$rho" $split; done; done
     done
     echo; echo "Held-out: $(heldout kl-0.1)." ;;
-real|real-losses|real-documents|real-serving)
+real|real-losses|real-rounding|real-documents|real-serving)
     MODEL=(-m models/SmolLM2-135M-Instruct.Q4_1.gguf)
     [ -f "${MODEL[1]}" ] || { echo "error: ${MODEL[1]} is missing: make smollm2 first" >&2; exit 1; }
     # train's chat recipe (demo-real's) without its KL stage and with MLP modules: its regression fit, 2000
@@ -166,6 +169,31 @@ real|real-losses|real-documents|real-serving)
         done
         row "regression, then $steps pure KL" regression-kl train
         echo; echo "Held-out: $(heldout regression). KL flags: $kl."; fit_times regression kl mixed regression-kl ;;
+    real-rounding)
+        # the full-cache model's own sensitivity: modules that are exact attention (quadrature with p = n
+        # pairs, the cache's keys and values: --rho 1, no steps; demo-real's self-study and held-out prompts),
+        # then with those keys and values rounded to fewer mantissa bits (scripts/round_modules.py)
+        fit exact $apache --arch quad --rho 1 --steps 0 --kl-steps 0
+        echo "| document keys and values | split | KL(full &#124;&#124; rounded) | top-1 agreement |" \
+             "answers equal to the full cache's | answer prefix |"
+        echo "|---|---|---|---|---|---|"
+        for bits in 23 10 7 5 3 2; do
+            if [ $bits -lt 23 ]; then
+                echo "rounding to $bits bits ..." >&2
+                python3 scripts/round_modules.py "$tmp/exact.nectar" $bits "$tmp/r$bits.nectar"
+                ./infer "${MODEL[@]}" -d $apache --chat -k "$tmp/r$bits.nectar" --eval --json > "$tmp/r$bits.json" \
+                    2> "$tmp/r$bits.log" || { cat "$tmp/r$bits.log" >&2; exit 1; }
+            else cp "$tmp/exact.json" "$tmp/r23.json"; fi
+            for split in random challenge; do
+                printf '| %s | %s | %.3g | %.4f | %.0f of %s | %.3f |\n' \
+                    "$([ $bits -eq 23 ] && echo "float32 (exact)" || echo "$bits mantissa bits")" $split \
+                    "$(json "$tmp/r$bits.json" $split kl)" "$(json "$tmp/r$bits.json" $split agree)" \
+                    "$(awk "BEGIN { print $(json "$tmp/r$bits.json" $split answer_match) * $(json "$tmp/r$bits.json" $split n_answers) }")" \
+                    "$(json "$tmp/r$bits.json" $split n_answers)" "$(json "$tmp/r$bits.json" $split answer_prefix)"
+            done
+        done
+        echo; echo "Held-out: $(heldout exact). Float16 keeps 10 mantissa bits, bfloat16 7, float8 e4m3 3 and e5m2 2."
+        ;;
     real-documents)
         recipe=${2:-mlp}
         case $recipe in
@@ -206,6 +234,6 @@ documents)
         echo "- document $i: \"$(cat "$tmp/doc$i/doc.txt")\"; held-out $(heldout "doc$i"); its prompts.txt" \
              "tasks (never given to train): Nectar's answer equals the full cache's on $(user_tasks "$tmp/doc$i" "doc$i")."
     done ;;
-*) echo "usage: scripts/results.sh capacity|losses|documents|real [mlp|quad] [DOC]|real-losses [DOC]|real-documents [mlp|chat]|real-serving mlp|quad FIT.json..." >&2
+*) echo "usage: scripts/results.sh capacity|losses|documents|real [mlp|quad] [DOC]|real-losses [DOC]|real-rounding|real-documents [mlp|chat]|real-serving mlp|quad FIT.json..." >&2
    exit 1 ;;
 esac
