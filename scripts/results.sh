@@ -30,7 +30,7 @@ cd "$(dirname "$0")/.."
 what=${1:-capacity}
 make -s train infer pretrain benchmark
 fast_blas=$(scripts/fast_blas.sh ./train)  # OpenBLAS's fast kernels where it would not pick them
-[ -z "$fast_blas" ] || export "$fast_blas"
+[ -z "$fast_blas" ] || export OPENBLAS_CORETYPE="${fast_blas#*=}"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # value of "key" inside the "split" object of a one-line JSON file

@@ -23,7 +23,8 @@ def main():
     if len(sys.argv) != 4 or not sys.argv[2].isdigit() or not 1 <= int(sys.argv[2]) <= 22:
         sys.exit("usage: scripts/round_modules.py IN.nectar BITS OUT.nectar   (BITS in 1..22)")
     src, bits, dst = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    data = open(src, "rb").read()
+    with open(src, "rb") as f:
+        data = f.read()
     if len(data) < 128 or data[:8] != struct.pack("<II", 0x5243544E, 3):
         sys.exit(f"error: {src} is not a version-3 Nectar module file")
     n_layers, n_kv_heads = struct.unpack_from("<ii", data, 12)
@@ -38,8 +39,10 @@ def main():
     drop = 23 - bits                      # mantissa bits dropped
     half = (1 << (drop - 1)) - 1          # a half unit of the last kept bit, less one: ties go to even
     keep = ~((1 << drop) - 1) & 0xFFFFFFFF
-    # x + half + (the last kept bit), truncated: round to nearest even (a carry into the exponent is right)
-    words = array("I", ((w + half + ((w >> drop) & 1)) & keep for w in words))
+    # x + half + (the last kept bit), truncated: round to nearest even (a carry into the exponent is
+    # right); infinities and NaNs (exponent all ones) are left as they are
+    words = array("I", (w if w & 0x7F800000 == 0x7F800000 else (w + half + ((w >> drop) & 1)) & keep
+                        for w in words))
     if sys.byteorder != "little":
         words.byteswap()
     tmp = dst + ".tmp"
