@@ -72,7 +72,7 @@ typedef struct {
     float kl_lr;
 } Recipe;
 static const Recipe PLAIN_RECIPE = {ARCH_MLP, LOSS_KL, 6000, 0, 50, 300, 80, 48, 3e-3f};
-static const Recipe CHAT_RECIPE = {ARCH_QUAD, LOSS_REGRESSION, 2000, 400, 32, 64, 196, 128, 2e-3f};
+static const Recipe CHAT_RECIPE = {ARCH_QUAD, LOSS_REGRESSION, 2000, 400, 32, 64, 196, 128, 6e-3f};
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -101,7 +101,7 @@ static void usage(FILE *f) {
         "                    moments and their own warmup and decay from a peak of --kl-lr: a\n"
         "                    regression fit, then KL, in one run (default 0; 400 with --chat and the\n"
         "                    regression loss)\n"
-        "  --kl-lr LR        the peak learning rate of the --kl-steps (default 3e-3; 2e-3 with --chat)\n"
+        "  --kl-lr LR        the peak learning rate of the --kl-steps (default 3e-3; 6e-3 with --chat)\n"
         "  --batch N         prompt positions per step (default 64; x heads per group)\n"
         "  --lr LR           peak learning rate of the --steps (default 3e-2)   --wd W  weight decay\n"
         "                    (default 0)\n"
