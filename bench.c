@@ -57,6 +57,11 @@ static int module_size(const Config *c, ModuleArch arch, int n, float rho) {
     return module_size_for_budget(arch, c->dim / c->n_heads, (double)rho * n, 1, 1, 1);
 }
 
+/* How the tables name the modules they time. */
+static const char *modules_named(ModuleArch arch) {
+    return arch == ARCH_MLP ? "MLPs (1,1,1) of the width that rho allows" : "quadrature, floor(rho n) pairs";
+}
+
 /* A benchmark document of n tokens: BOS, then ids spread over 3..258 (the
  * values do not change the timing). Caller frees. */
 static int *bench_document(int n) {
@@ -342,10 +347,10 @@ static void fit_throughput(ModuleArch arch, int d, int size, int N, double *quer
  * (regression gradients of every module at `batch` positions, clipping,
  * AdamW) over random targets. */
 
-static double fit_steps_per_s(const Config *c, int n, float rho, int batch, int gpu) {
+static double fit_steps_per_s(const Config *c, ModuleArch arch, int n, float rho, int batch, int gpu) {
     int L = c->n_layers, G = c->n_kv_heads, H = c->n_heads, D = c->dim;
     ModuleSet ms;
-    bench_modules(c, ARCH_MLP, n, rho, 1, &ms);
+    bench_modules(c, arch, n, rho, 1, &ms);
     long P = 4096;
     FitTargets t = {P, xmalloc((size_t)L * P * D * sizeof(float)), xmalloc((size_t)L * P * D * sizeof(float)),
                     xmalloc((size_t)L * P * H * sizeof(float))};
@@ -469,19 +474,19 @@ static void gpu_attention_kernels(int d, int longest) {
 
 /* Fitting: the rho 10% modules of the longest document, train's batch, on
  * the GPU against the CPU. */
-static void gpu_fitting(const Config *c, int longest) {
+static void gpu_fitting(const Config *c, ModuleArch arch, int longest) {
     int batch = 64;
-    double gpu_steps = fit_steps_per_s(c, longest, 0.10f, batch, 1);
-    double cpu_steps = fit_steps_per_s(c, longest, 0.10f, batch, 0);
+    double gpu_steps = fit_steps_per_s(c, arch, longest, 0.10f, batch, 1);
+    double cpu_steps = fit_steps_per_s(c, arch, longest, 0.10f, batch, 0);
     double queries = (double)batch * c->n_heads * c->n_layers;  /* module queries per step */
-    printf("module fitting (rho 10%% of %d tokens: width %d, %d modules; batch %d positions = %.0f module queries "
+    printf("module fitting (rho 10%% of %d tokens: %s %d, %d modules; batch %d positions = %.0f module queries "
            "a step, forward + backward + AdamW): GPU %.1f steps/s (%.0f queries/s), CPU %.1f steps/s (%.0f queries/s): "
-           "GPU %.1fx the CPU\n", longest, module_size(c, ARCH_MLP, longest, 0.10f), c->n_layers * c->n_kv_heads, batch,
-           queries, gpu_steps, gpu_steps * queries, cpu_steps, cpu_steps * queries, gpu_steps / cpu_steps);
+           "GPU %.1fx the CPU\n", longest, arch == ARCH_MLP ? "width" : "pairs", module_size(c, arch, longest, 0.10f),
+           c->n_layers * c->n_kv_heads, batch, queries, gpu_steps, gpu_steps * queries, cpu_steps, cpu_steps * queries, gpu_steps / cpu_steps);
     printf("the plain recipe's 6000 steps: %.0f s on the GPU, %.0f s on the CPU\n", 6000 / gpu_steps, 6000 / cpu_steps);
 }
 
-static int bench_gpu(const Model *host, const char *model_path, int min_doc, int max_doc) {
+static int bench_gpu(const Model *host, const char *model_path, ModuleArch arch, int min_doc, int max_doc) {
     if (nectar_cuda_init() != 0) return 1;
     struct cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -510,8 +515,7 @@ static int bench_gpu(const Model *host, const char *model_path, int min_doc, int
            BLOCK, c->dim, c->dim, BLOCK, c->hidden_dim, c->dim, g_qkvo, g_ffn, sgemm);
     if (max_doc > c->seq_len)
         printf("note: documents beyond the model's context (%d) are for timing only (RoPE runs past it)\n", c->seq_len);
-    printf("prompt %d tokens, then %d decoded; Nectar modules are MLPs (1,1,1) of the width that rho allows\n\n",
-           PROMPT, DECODE);
+    printf("prompt %d tokens, then %d decoded; Nectar modules are %s\n\n", PROMPT, DECODE, modules_named(arch));
     printf("| doc tokens | TTFT full prefill | TTFT reused KV | TTFT Nectar 2%% | prefill GFLOP/s (of sgemm) "
            "| decode tok/s exact | Nectar 2%% | Nectar 10%% | no doc | KV state | module 10%% |\n");
     printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
@@ -531,8 +535,8 @@ static int bench_gpu(const Model *host, const char *model_path, int min_doc, int
         double gflops = (forward_flops(c, n, 0, 0) + forward_flops(c, PROMPT, n, 1)) / (ttft_full / 1e3) / 1e9;
         doccache_free_cuda(&cache);
         ModuleSet h2, d2, h10, d10;
-        bench_modules(c, ARCH_MLP, n, 0.02f, 0, &h2);
-        bench_modules(c, ARCH_MLP, n, 0.10f, 0, &h10);
+        bench_modules(c, arch, n, 0.02f, 0, &h2);
+        bench_modules(c, arch, n, 0.10f, 0, &h10);
         moduleset_upload_cuda(&d2, &h2, 0);
         moduleset_upload_cuda(&d10, &h10, 0);
         Document nectar2 = {DOC_NECTAR, n, NULL, &d2}, nectar10 = {DOC_NECTAR, n, NULL, &d10};
@@ -552,7 +556,7 @@ static int bench_gpu(const Model *host, const char *model_path, int min_doc, int
     }
     gpu_attention_kernels(d, longest);
     fprintf(stderr, "fitting throughput ... (%.0fs so far)\n", now_seconds() - t_start);
-    gpu_fitting(c, longest);
+    gpu_fitting(c, arch, longest);
     fprintf(stderr, "GPU bench took %.0f s\n", now_seconds() - t_start);
     model_free_cuda(&m);
     nectar_cuda_free();
@@ -565,7 +569,7 @@ static void usage(FILE *f) {
                "  -m MODEL  a llama2.c checkpoint or GGUF file whose vocabulary holds ids 0..258\n"
                "  document lengths from --min-doc (default 1024) to --max-doc (default 65536), doubling\n"
                "  --arch    the Nectar modules timed: MLPs (1,1,1) of the width rho allows (mlp, the default)\n"
-               "            or quadrature modules of floor(rho n) pairs (quad; CPU)\n"
+               "            or quadrature modules of floor(rho n) pairs (quad)\n"
                "  --json    one JSON object on stdout instead of the tables (CPU)\n"
                "  --gpu     on the GPU (a build with nvcc), with fitting on the GPU against the CPU\n"
                "  --help    this text\n");
@@ -574,7 +578,7 @@ static void usage(FILE *f) {
 typedef struct {
     const char *model_path;
     int min_doc, max_doc, gpu, json;
-    ModuleArch arch;  /* the Nectar modules timed (the GPU tables: MLPs) */
+    ModuleArch arch;  /* the Nectar modules timed */
 } Options;
 
 static int parse_options(int argc, char **argv, Options *o) {
@@ -599,8 +603,8 @@ static int parse_options(int argc, char **argv, Options *o) {
         fprintf(stderr, "error: need -m MODEL and 1 <= --min-doc <= --max-doc <= %d\n", MAX_DOC);
         return -1;
     }
-    if (o->gpu && (o->json || o->arch != ARCH_MLP)) {
-        fprintf(stderr, "error: --json and --arch are for the CPU tables, not --gpu\n");
+    if (o->gpu && o->json) {
+        fprintf(stderr, "error: --json is for the CPU tables, not --gpu\n");
         return -1;
     }
     return 0;
@@ -710,7 +714,7 @@ static void print_references(const Model *m, const Options *o, const References 
            "each row's references (streaming read, sgemm mix) are measured again around its runs; decode tok/s from "
            "the median step (robust to other processes' preemptions; the mean is in --json); \"of roofline\": "
            "decode speed over the roofline with that document's KV cache\n\n", PROMPT, DECODE,
-           o->arch == ARCH_MLP ? "MLPs (1,1,1) of the width that rho allows" : "quadrature, floor(rho n) pairs");
+           modules_named(o->arch));
     printf("| doc tokens | TTFT full prefill | TTFT reused KV | TTFT Nectar 2%% | prefill GFLOP/s (of sgemm) "
            "| decode tok/s exact (of roofline) | Nectar 2%% | Nectar 10%% | no doc (of roofline) | exact ms/token "
            "| peak MB full / reused / Nectar 2%% / 10%% / no doc | KV state | module 2%% | module 10%% "
@@ -909,7 +913,7 @@ int main(int argc, char **argv) {
     if (check_sizes(&m, &o) != 0) { model_free(&m); return 1; }
     if (o.gpu) {
 #ifdef NECTAR_CUDA
-        int status = bench_gpu(&m, o.model_path, o.min_doc, o.max_doc);
+        int status = bench_gpu(&m, o.model_path, o.arch, o.min_doc, o.max_doc);
         model_free(&m);
         return status;
 #else

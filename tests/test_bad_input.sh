@@ -179,7 +179,7 @@ if [ -x "$bin/pretrain" ] && [ -x "$bin/benchmark" ]; then
     expect_error "benchmark --max-doc 2^31 - 1" "$bin/benchmark" -m $model --max-doc 2147483647
     expect_error "benchmark --min-doc too short for a module" "$bin/benchmark" -m $model --min-doc 1 --max-doc 4
     expect_error "benchmark --arch of neither form" "$bin/benchmark" -m $model --arch tree
-    expect_error "benchmark --arch quad --gpu (the GPU tables time MLPs)" "$bin/benchmark" -m $model --arch quad --gpu
+    expect_error "benchmark --json --gpu (the GPU tables are text)" "$bin/benchmark" -m $model --json --gpu
 fi
 
 # OpenBLAS's generic kernels on a CPU that can run faster ones (parallel.c): a

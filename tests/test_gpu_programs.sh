@@ -6,7 +6,8 @@
 #   train --gpu: modules whose held-out metrics match the CPU-fitted ones,
 #   with the regression loss, with pure KL and with a KL stage after
 #   regression (--kl-steps); infer --eval --gpu refused;
-#   benchmark --gpu: runs to the end on short documents.
+#   benchmark --gpu: runs to the end on short documents, with MLP and with
+#   quadrature modules.
 # usage: tests/test_gpu_programs.sh BINDIR   (BINDIR holds infer, train, benchmark)
 set -u
 bin=${1:-.}
@@ -88,10 +89,15 @@ $bin/infer $m -d data/doc.txt -k "$tmp/cpu.nectar" --eval --gpu > /dev/null 2> "
 ok=$?
 check "infer --eval --gpu is refused: --eval runs on the CPU" $([ $ok = 1 ] && grep -q "^error: --eval runs on the CPU" "$tmp/eval.err" && echo 1 || echo 0)
 
-$bin/benchmark -m data/model.bin --gpu --min-doc 1024 --max-doc 2048 > "$tmp/bench" 2>&1
-ok=$?
-check "benchmark --gpu runs (documents of 1K and 2K tokens)" $([ $ok = 0 ] && grep -q "^| 2048 |" "$tmp/bench" && echo 1 || echo 0)
-[ $ok = 0 ] || cat "$tmp/bench"
+# (quadrature on the 1K document alone: on the emulator each size takes a minute)
+for run in "mlp 2048" "quad 1024"; do
+    set -- $run
+    $bin/benchmark -m data/model.bin --gpu --arch $1 --min-doc 1024 --max-doc $2 > "$tmp/bench" 2>&1
+    ok=$?
+    check "benchmark --gpu --arch $1 runs (documents of 1K to $2 tokens)" \
+        $([ $ok = 0 ] && grep -q "^| $2 |" "$tmp/bench" && echo 1 || echo 0)
+    [ $ok = 0 ] || cat "$tmp/bench"
+done
 
 echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]
