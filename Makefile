@@ -36,7 +36,7 @@ SAN_FLAGS := -O1 -g -pthread -fopenmp-simd -fno-trapping-math -fsanitize=address
 
 .DEFAULT_GOAL := all
 PROGRAMS := infer train pretrain benchmark
-TESTS    := tests/test_core tests/test_corpus tests/random_model tests/test_gguf tests/test_bpe
+TESTS    := tests/test_core tests/standalone tests/test_corpus tests/random_model tests/test_gguf tests/test_bpe
 
 SMOLLM2 := models/SmolLM2-135M-Instruct.Q4_1.gguf
 
@@ -44,7 +44,7 @@ SMOLLM2 := models/SmolLM2-135M-Instruct.Q4_1.gguf
 
 # demo, demo-real, bench and bench-gpu run with OpenBLAS's fast kernels where
 # it would run its generic ones on a CPU newer than it (an OPENBLAS_CORETYPE=...
-# prefix, or nothing: scripts/fast_blas.sh, parallel.c); the tests run with
+# prefix, or nothing: scripts/fast_blas.sh, src/parallel.c); the tests run with
 # what it picks, and so does `make model`, whose data/ is to come out the same.
 fast_blas = $(shell scripts/fast_blas.sh $(1))
 
@@ -114,21 +114,25 @@ all: $(PROGRAMS)
 check-blas:
 	@test -n "$(BLAS_LIBS)" || { echo "error: $(BLAS_HINT)" >&2; exit 1; }
 
-# The sources of each program: its own, then the CPU reference (nectar.c)
-# and what the programs share. test_core and test_cuda_ref include nectar.c
-# itself, to reach its static helpers.
-LIB_SRC := nectar.c formats.c gguf.c tokenizer.c tokenizer_bpe.c cli.c util.c parallel.c
-HEADERS := nectar.h selfstudy.h gguf.h corpus.h tests/check.h tests/gguf_walk.h tokenizer_bpe.h unicode_tables.h tokenizer_bpe.c
+# The sources of each program: its own, then the core (the method,
+# nectar.c, and the three files of src/ it runs on: what a project copies
+# to use it, tests/standalone.c builds with nothing else) and what the
+# programs share (the rest of src/). test_core and test_cuda_ref include
+# nectar.c itself, to reach its static helpers.
+CORE_SRC := nectar.c src/kernels.c src/parallel.c src/util.c
+LIB_SRC  := $(CORE_SRC) src/eval.c src/formats.c src/gguf.c src/tokenizer.c src/tokenizer_bpe.c src/cli.c
+HEADERS  := nectar.h $(wildcard src/*.h) tools/corpus.h tests/check.h tests/gguf_walk.h src/tokenizer_bpe.c
 SRC_infer        := infer.c $(LIB_SRC)
-SRC_train        := train.c selfstudy.c $(LIB_SRC)
-SRC_benchmark    := bench.c $(LIB_SRC)
-SRC_pretrain     := pretrain.c corpus.c $(LIB_SRC)
+SRC_train        := train.c src/selfstudy.c $(LIB_SRC)
+SRC_benchmark    := tools/bench.c $(LIB_SRC)
+SRC_pretrain     := tools/pretrain.c tools/corpus.c $(LIB_SRC)
 SRC_test_core    := tests/test_core.c $(filter-out nectar.c,$(LIB_SRC))
 tests/test_core build-asan/test_core: nectar.c  # included by tests/test_core.c
-SRC_test_corpus  := tests/test_corpus.c corpus.c $(LIB_SRC)
+SRC_standalone   := tests/standalone.c $(CORE_SRC)
+SRC_test_corpus  := tests/test_corpus.c tools/corpus.c $(LIB_SRC)
 SRC_random_model := tests/random_model.c $(LIB_SRC)
-SRC_test_gguf    := tests/test_gguf.c gguf.c
-SRC_test_bpe     := tests/test_bpe.c gguf.c
+SRC_test_gguf    := tests/test_gguf.c src/gguf.c
+SRC_test_bpe     := tests/test_bpe.c src/gguf.c
 SRC_test_real    := tests/test_real.c $(LIB_SRC)
 
 .SECONDEXPANSION:
@@ -140,14 +144,14 @@ $(TESTS) tests/test_real: tests/%: $$(SRC_%) $(HEADERS) | check-blas
 
 # The same programs (and the unit tests) under AddressSanitizer and
 # UndefinedBehaviorSanitizer.
-ASAN_BUILDS := $(addprefix build-asan/,$(PROGRAMS) test_core test_gguf test_bpe)
+ASAN_BUILDS := $(addprefix build-asan/,$(PROGRAMS) test_core standalone test_gguf test_bpe)
 $(ASAN_BUILDS): build-asan/%: $$(SRC_%) $(HEADERS) | check-blas
 	@mkdir -p build-asan
 	$(CC) $(SAN_FLAGS) -std=c11 -D_GNU_SOURCE $(BLAS_CFLAGS) $(FLAGS_$*) -o $@ $(SRC_$*) $(BLAS_LIBS) $(LDLIBS)
 
 # CUDA kernels against the CPU reference: built only where nvcc is found;
 # without a GPU the test prints SKIP and passes.
-nectar_cuda.o: nectar_cuda.cu nectar_cuda.h nectar.h
+nectar_cuda.o: nectar_cuda.cu nectar_cuda.h nectar.h src/util.h
 	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) -c nectar_cuda.cu -o $@
 
 # infer, train and benchmark with --gpu (where nvcc is found)
@@ -155,15 +159,15 @@ GPU_PROGRAMS := build-gpu/infer build-gpu/train build-gpu/benchmark
 gpu: $(GPU_PROGRAMS)
 
 GPU_LIB := $(patsubst %.c,build-gpu/%.o,$(LIB_SRC))
-build-gpu/%.o: %.c nectar.h selfstudy.h nectar_cuda.h | check-blas
+build-gpu/%.o: %.c $(HEADERS) nectar_cuda.h | check-blas
 	@test -n "$(NVCC)" || { echo "error: nvcc was not found: the GPU programs need the CUDA toolkit" >&2; exit 1; }
-	@mkdir -p build-gpu
+	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(GPU_CFLAGS) $(BLAS_CFLAGS) -c $< -o $@
 
 # each GPU program's own objects
 GPU_OBJ_infer     := build-gpu/infer.o
-GPU_OBJ_train     := build-gpu/train.o build-gpu/selfstudy.o
-GPU_OBJ_benchmark := build-gpu/bench.o
+GPU_OBJ_train     := build-gpu/train.o build-gpu/src/selfstudy.o
+GPU_OBJ_benchmark := build-gpu/tools/bench.o
 $(GPU_PROGRAMS): build-gpu/%: $$(GPU_OBJ_%) $(GPU_LIB) nectar_cuda.o
 	$(CC) -o $@ $^ $(BLAS_LIBS) $(GPU_LIBS) $(LDLIBS)
 
@@ -199,8 +203,8 @@ EMU_CC := $(CC) -O1 -g -pthread -fopenmp-simd -fno-trapping-math -std=c11 -Wall 
 EMU_SRC := tests/cuda_emu/cuda_emu.cpp tests/cuda_emu/cuda_runtime.h tests/cuda_emu/cublas_v2.h tests/cuda_emu/cu2cpp.py
 
 EMU_LIB := $(patsubst %.c,$(EMU)/%.o,$(LIB_SRC))
-$(EMU)/%.o: %.c nectar.h selfstudy.h nectar_cuda.h $(EMU_SRC) | check-blas
-	@mkdir -p $(EMU)
+$(EMU)/%.o: %.c $(HEADERS) nectar_cuda.h $(EMU_SRC) | check-blas
+	@mkdir -p $(dir $@)
 	$(EMU_CC) -c $< -o $@
 
 $(EMU)/nectar_cuda.o: nectar_cuda.cu nectar_cuda.h nectar.h $(EMU_SRC) | check-blas
@@ -225,8 +229,8 @@ $(EMU)/selftest: tests/cuda_emu/selftest.cu $(EMU)/cuda_emu.o
 
 # each emulated program's own objects, as GPU_OBJ_% above
 EMU_OBJ_infer     := $(EMU)/infer.o
-EMU_OBJ_train     := $(EMU)/train.o $(EMU)/selfstudy.o
-EMU_OBJ_benchmark := $(EMU)/bench.o
+EMU_OBJ_train     := $(EMU)/train.o $(EMU)/src/selfstudy.o
+EMU_OBJ_benchmark := $(EMU)/tools/bench.o
 $(EMU)/infer $(EMU)/train $(EMU)/benchmark: $(EMU)/%: $$(EMU_OBJ_%) $(EMU_LIB) $(EMU)/nectar_cuda.o $(EMU)/cuda_emu.o
 	$(CXX) -o $@ $^ $(BLAS_LIBS) -lm -pthread
 
@@ -245,6 +249,7 @@ test: test-unit test-bad-input test-train test-cuda test-asan test-real
 
 test-unit: $(TESTS)
 	./tests/test_core
+	./tests/standalone
 	./tests/test_gguf
 	./tests/test_bpe tests/data
 	./tests/test_corpus > /dev/null
@@ -257,6 +262,7 @@ test-bad-input: $(PROGRAMS) tests/random_model
 
 test-asan: $(ASAN_BUILDS) tests/random_model
 	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_core > /dev/null
+	ASAN_OPTIONS=detect_leaks=1 ./build-asan/standalone > /dev/null
 	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_gguf > /dev/null
 	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_bpe tests/data > /dev/null
 	bash tests/test_bad_input.sh build-asan

@@ -13,6 +13,12 @@
  * prompts of the module file).
  */
 #include "nectar.h"
+#include "src/cli.h"
+#include "src/eval.h"
+#include "src/formats.h"
+#include "src/parallel.h"
+#include "src/tokenizer.h"
+#include "src/util.h"
 #ifdef NECTAR_CUDA
 #include "nectar_cuda.h"
 #endif

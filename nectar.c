@@ -6,159 +6,21 @@
  *   2. the modules that stand in for a document's state (MLP with query
  *      re-injection, quadrature), each forward next to its backward;
  *   3. the losses (regression, KL) and the fitting step (clipping, AdamW);
- *   4. the transformer's forward and backward passes, with the exact and the
- *      Nectar attention side by side: they differ in one line, where the
+ *   4. the transformer's forward pass, with the exact and the Nectar
+ *      attention side by side: they differ in one line, where the
  *      document's state comes from;
- *   5. evaluation on held-out prompts.
+ *   5. its backward pass into the modules, and the document's KV cache.
  * Shapes use the legend at the top of nectar.h; each backward quotes the
- * forward line it differentiates.
- */
+ * forward line it differentiates. */
 #include "nectar.h"
+#include "src/kernels.h"
+#include "src/parallel.h"
+#include "src/util.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ------------------------------------------------------------------------ */
-/* The exponential of the softmax and SiLU loops                            */
-
-static inline uint32_t bits_of(float f) { uint32_t u; memcpy(&u, &f, sizeof u); return u; }
-static inline float float_of(uint32_t u) { float f; memcpy(&f, &u, sizeof f); return f; }
-
-/* exp(x) = 2^n e^r, n = round(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2]:
- *   - n by the 1.5 * 2^23 trick: x log2(e) + 1.5 * 2^23 has n in its low
- *     mantissa bits (round to nearest), and minus 1.5 * 2^23 is n as a float;
- *   - r with ln 2 in two parts (Cody and Waite): n * LN2_HI is exact (LN2_HI
- *     has 10 significant bits, |n| <= 150), LN2_LO = ln 2 - LN2_HI;
- *   - e^r by its Taylor series to r^7 / 7! (truncation below 5.2e-9 relative);
- *   - 2^n as 2^(n - n/2) 2^(n/2), each a float built from its exponent bits,
- *     so that results below FLT_MIN (denormals) and up to FLT_MAX come out.
- * No branch and no library call, so a loop of it vectorises (expf does not).
- * Measured against double exp on every float of [-104, 89] (the test in
- * tests/test_core.c takes every 64th): relative error at most 1.004e-7
- * (1.7 ulp; expf: 0.5 ulp) where the result is normal, absolute error below
- * 2^-149 where it is denormal; 0 below -104 (and at -inf), +inf above
- * ln(FLT_MAX), NaN for NaN. */
-static inline float exp_fast(float x) {
-    const float LOG2E = 1.44269504f, LN2_HI = 0.693359375f, LN2_LO = -2.12194440e-4f, ROUND = 12582912.0f;
-    float xc = x < -104.0f ? -104.0f : x;  /* the range where 2^n is built below; NaN stays NaN */
-    xc = xc > 89.0f ? 89.0f : xc;
-    float t = xc * LOG2E + ROUND;
-    int32_t n = (int32_t)(bits_of(t) - bits_of(ROUND));
-    float nf = t - ROUND;
-    float r = (xc - nf * LN2_HI) - nf * LN2_LO;
-    float er = 1.0f + r * (1.0f + r * (1.0f / 2 + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120
-             + r * (1.0f / 720 + r * (1.0f / 5040)))))));
-    int32_t half = n / 2;
-    float y = er * float_of((uint32_t)(n - half + 127) << 23) * float_of((uint32_t)(half + 127) << 23);
-    return x < -104.0f ? 0.0f : y;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Products, on the pool's threads                                          */
-
-/* C (M, N) = alpha op(A) op(B) + beta C, row-major, as cblas_sgemm. */
-typedef struct {
-    CBLAS_TRANSPOSE trans_a, trans_b;
-    int M, N, K, lda, ldb, ldc;
-    float alpha, beta;
-    const float *A, *B;
-    float *C;
-    int cols;  /* columns of C per task */
-} Gemm;
-
-/* c_j = alpha b_j . a + beta c_j for the n rows b_j of B (stored (n, K),
- * stride ldb): a matrix-vector product as a decode step runs it, a weight
- * matrix read once from memory. Four rows a quarter of the block apart at a
- * time, so that the memory system sees four streams (one stream read 20-23
- * GB/s here, four 28, as fast as a plain streaming read). Each dot product
- * may be summed in any order (SIMD lanes). */
-static void matvec_rows(int n, int K, float alpha, const float *B, int ldb, const float *a, float beta, float *c) {
-    int quarter = n / 4, first[4];
-    float dot[4];
-    for (int j = 0; j < quarter; j++) {
-        for (int s = 0; s < 4; s++) first[s] = j + s * quarter;
-        const float *b0 = B + (size_t)first[0] * ldb, *b1 = B + (size_t)first[1] * ldb;
-        const float *b2 = B + (size_t)first[2] * ldb, *b3 = B + (size_t)first[3] * ldb;
-        float d0 = 0.0f, d1 = 0.0f, d2 = 0.0f, d3 = 0.0f;
-        #pragma omp simd reduction(+:d0, d1, d2, d3)
-        for (int k = 0; k < K; k++) { d0 += b0[k] * a[k]; d1 += b1[k] * a[k]; d2 += b2[k] * a[k]; d3 += b3[k] * a[k]; }
-        dot[0] = d0; dot[1] = d1; dot[2] = d2; dot[3] = d3;
-        for (int s = 0; s < 4; s++)
-            c[first[s]] = beta == 0.0f ? alpha * dot[s] : alpha * dot[s] + beta * c[first[s]];
-    }
-    for (int j = 4 * quarter; j < n; j++) {  /* the last n mod 4 rows, one at a time */
-        const float *b = B + (size_t)j * ldb;
-        float d = 0.0f;
-        #pragma omp simd reduction(+:d)
-        for (int k = 0; k < K; k++) d += b[k] * a[k];
-        c[j] = beta == 0.0f ? alpha * d : alpha * d + beta * c[j];
-    }
-}
-
-/* Columns [c0, c0 + n) of C: a single-threaded OpenBLAS product, or, for
- * one row of A and B stored (N, K) (a weight matrix), matvec_rows: sgemm
- * would first copy B into its packed layout, and OpenBLAS's sgemv streams
- * it slower than this loop does (12-13 GB/s on one core here, against 20-28). */
-static void gemm_columns(const Gemm *g, int c0, int n) {
-    const float *B = g->trans_b == CblasTrans ? g->B + (size_t)c0 * g->ldb : g->B + c0;
-    float *C = g->C + c0;
-    if (g->M == 1 && g->trans_a == CblasNoTrans && g->trans_b == CblasTrans)
-        matvec_rows(n, g->K, g->alpha, B, g->ldb, g->A, g->beta, C);
-    else
-        cblas_sgemm(CblasRowMajor, g->trans_a, g->trans_b, g->M, n, g->K, g->alpha, g->A, g->lda, B, g->ldb,
-                    g->beta, C, g->ldc);
-}
-
-/* Products run in one parallel loop: task t is a chunk of columns of
- * product i, first_task[i] <= t < first_task[i + 1]. */
-enum { MAX_PRODUCTS = 3 };
-typedef struct {
-    int count;
-    Gemm g[MAX_PRODUCTS];
-    int first_task[MAX_PRODUCTS + 1];
-} GemmBatch;
-
-static void gemm_batch_task(void *ctx, int task) {
-    const GemmBatch *b = ctx;
-    int i = 0;
-    while (task >= b->first_task[i + 1]) i++;
-    const Gemm *g = &b->g[i];
-    int c0 = (task - b->first_task[i]) * g->cols;
-    gemm_columns(g, c0, g->N - c0 < g->cols ? g->N - c0 : g->cols);
-}
-
-/* The columns of C in tasks of a multiple of 16 columns (a cache line of
- * floats): about two per thread over the batch, each product's share in
- * proportion to its columns (few, since each task packs all of A, or starts
- * its streams through a weight matrix anew: a decode step took 13.7 ms at
- * best with two a thread, 14.5 with four, 15 with eight; two, so that a
- * thread that finishes early can take over); a small product (under 2^16
- * multiply-adds) in one task. One thread: each product in one piece, in
- * order. */
-static void gemm_batch(GemmBatch *b) {
-    int threads = parallel_threads(), columns = 0;
-    for (int i = 0; i < b->count; i++) columns += b->g[i].N;
-    int tasks = 2 * threads;
-    b->first_task[0] = 0;
-    for (int i = 0; i < b->count; i++) {
-        Gemm *g = &b->g[i];
-        int share = (int)((double)tasks * g->N / columns + 0.5);
-        if (share < 1 || threads == 1 || (double)g->M * g->N * g->K < 65536.0) share = 1;
-        g->cols = ((g->N + share - 1) / share + 15) / 16 * 16;
-        b->first_task[i + 1] = b->first_task[i] + (g->N + g->cols - 1) / g->cols;
-    }
-    parallel_for(b->first_task[b->count], gemm_batch_task, b);
-}
-
-/* Every product of this file but the shared-input ones below. */
-static void gemm(CBLAS_TRANSPOSE trans_a, CBLAS_TRANSPOSE trans_b, int M, int N, int K, float alpha,
-                 const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
-    GemmBatch b = {1, {{trans_a, trans_b, M, N, K, lda, ldb, ldc, alpha, beta, A, B, C, N}}, {0}};
-    gemm_batch(&b);
-}
 
 /* ------------------------------------------------------------------------ */
 /* 1. Attention states and their merge                                      */
@@ -268,6 +130,7 @@ void gate_merge(int d, const float *A_doc, float a_doc, const float *A_loc, floa
     float g = 1.0f / (1.0f + expf(lse_loc - a_doc));
     for (int c = 0; c < d; c++) out[c] = g * A_doc[c] + (1.0f - g) * A_loc[c];
 }
+
 
 /* ------------------------------------------------------------------------ */
 /* Linear layers (the modules and the transformer both use them)            */
@@ -447,6 +310,19 @@ void moduleset_free(ModuleSet *s) {
     memset(s, 0, sizeof(*s));
 }
 
+int promptset_max_len(const PromptSet *p) {
+    int max_len = 1;
+    for (int i = 0; i < p->n_prompts; i++)
+        if (p->offsets[i + 1] - p->offsets[i] > max_len) max_len = p->offsets[i + 1] - p->offsets[i];
+    return max_len;
+}
+
+void promptset_free(PromptSet *p) {
+    free(p->offsets); free(p->tokens); free(p->challenge); free(p->question_len); free(p->nodoc_prefix);
+    memset(p, 0, sizeof(*p));
+}
+
+
 void modulework_shape(ModuleWork *w, const ModuleSet *s, int max_q) {
     memset(w, 0, sizeof(*w));
     w->max_q = max_q;
@@ -582,6 +458,7 @@ void module_backward(const ModuleSet *s, const Module *mod, ModuleWork *w,
         for (size_t j = 0; j < (size_t)N * d; j++) dq[j] = mod->input_scale * w->dx[j];
 }
 
+
 /* ------------------------------------------------------------------------ */
 /* 3. Losses and the fitting step                                           */
 
@@ -637,16 +514,14 @@ double regression_grads(ModuleSet *s, ModuleWork *w, FitBatch *b, const FitTarge
     return loss;
 }
 
-/* log softmax of n logits, in doubles */
-static void log_softmax(const float *x, int n, double *out) {
+void log_softmax(const float *x, int n, double *out) {
     double max = x[argmax(x, n)], sum = 0;
     for (int i = 0; i < n; i++) sum += exp(x[i] - max);
     double lse = max + log(sum);
     for (int i = 0; i < n; i++) out[i] = x[i] - lse;
 }
 
-/* KL(p || q) from log-probabilities */
-static double kl_divergence(const double *logp, const double *logq, int n) {
+double kl_divergence(const double *logp, const double *logq, int n) {
     double kl = 0;
     for (int i = 0; i < n; i++) kl += exp(logp[i]) * (logp[i] - logq[i]);
     return kl;
@@ -686,8 +561,115 @@ void adamw_update(float *params, const float *grads, float *m, float *v, size_t 
     }
 }
 
+
 /* ------------------------------------------------------------------------ */
 /* 4. The transformer: forward pass                                         */
+
+/* The model's weights in one block, in llama2.c's file order without the
+ * RoPE tables its checkpoints carry (forward computes the angles): each
+ * tensor's count of floats, and views into the block. */
+enum { N_TENSORS = 12 };
+static void tensor_counts(const Config *c, int shared, size_t count[N_TENSORS]) {
+    size_t D = c->dim, F = c->hidden_dim, L = c->n_layers, V = c->vocab_size;
+    size_t KVD = D / c->n_heads * c->n_kv_heads;
+    size_t list[N_TENSORS] = {V * D, L * D, L * D * D, L * KVD * D, L * KVD * D, L * D * D,
+                              L * D, L * F * D, L * D * F, L * F * D, D, shared ? 0 : V * D};
+    memcpy(count, list, sizeof list);
+}
+
+size_t model_param_count(const Config *c, int shared) {
+    size_t count[N_TENSORS], n = 0;
+    tensor_counts(c, shared, count);
+    for (int i = 0; i < N_TENSORS; i++) n += count[i];
+    return n;
+}
+
+void weights_view(const Config *c, int shared, float *base, Weights *w) {
+    size_t count[N_TENSORS];
+    tensor_counts(c, shared, count);
+    float **views[N_TENSORS] = {&w->token_embedding, &w->rms_att, &w->wq, &w->wk, &w->wv, &w->wo,
+                                &w->rms_ffn, &w->w1, &w->w2, &w->w3, &w->rms_final, &w->wcls};
+    float *p = base;
+    for (int i = 0; i < N_TENSORS; i++) { *views[i] = p; p += count[i]; }
+    if (shared) w->wcls = w->token_embedding;
+}
+
+int config_check(const Config *c, const char *what) {
+    const int limit = 1 << 24;
+    int dims[7] = {c->dim, c->hidden_dim, c->n_layers, c->n_heads,
+                             c->n_kv_heads, c->vocab_size, c->seq_len};
+    static const char *names[7] = {"dim", "hidden_dim", "n_layers", "n_heads",
+                                            "n_kv_heads", "vocab_size", "seq_len"};
+    for (int i = 0; i < 7; i++)
+        if (dims[i] <= 0 || dims[i] > limit) {
+            fprintf(stderr, "error: %s: %s = %d is out of range (1..%d)\n", what, names[i], dims[i], limit);
+            return -1;
+        }
+    double D = c->dim, F = c->hidden_dim, L = c->n_layers, V = c->vocab_size, T = c->seq_len;
+    double floats = V * D * 2 + L * (4 * D * D + 3 * D * F + 2 * D) + T * D + D;
+    if (floats > 1e11) {  /* also keeps every size_t product below well within range */
+        fprintf(stderr, "error: %s: a model of these dimensions (about %.3g floats) is beyond what this code loads\n",
+                what, floats);
+        return -1;
+    }
+    if (c->dim % c->n_heads != 0) {
+        fprintf(stderr, "error: %s: dim %d is not a multiple of n_heads %d\n", what, c->dim, c->n_heads);
+        return -1;
+    }
+    if (c->n_heads % c->n_kv_heads != 0) {
+        fprintf(stderr, "error: %s: n_heads %d is not a multiple of n_kv_heads %d\n", what, c->n_heads, c->n_kv_heads);
+        return -1;
+    }
+    if ((c->dim / c->n_heads) % 2 != 0) {
+        fprintf(stderr, "error: %s: head size %d is odd; RoPE needs it even\n", what, c->dim / c->n_heads);
+        return -1;
+    }
+    if (!(c->rope_theta > 1.0f && isfinite(c->rope_theta)) || !(c->norm_eps > 0.0f && c->norm_eps < 1.0f)) {
+        fprintf(stderr, "error: %s: RoPE base %g or RMSNorm epsilon %g is out of range (base > 1, 0 < eps < 1)\n",
+                what, c->rope_theta, c->norm_eps);
+        return -1;
+    }
+    return 0;
+}
+
+void model_refresh(Model *m) {
+    weights_view(&m->config, m->shared_classifier, m->params, &m->w);
+    uint64_t h = fnv1a(FNV_OFFSET, &m->config, sizeof(Config));
+    h = fnv1a(h, &m->shared_classifier, sizeof(int));
+    m->fingerprint = fnv1a(h, m->params, m->n_params * sizeof(float));
+}
+
+int model_init_random(Model *m, Config c, int shared, uint64_t seed, float std) {
+    memset(m, 0, sizeof(*m));
+    if (config_check(&c, "random model") != 0) return -1;
+    m->config = c;
+    m->shared_classifier = shared;
+    m->n_params = model_param_count(&c, shared);
+    m->params = xmalloc(m->n_params * sizeof(float));
+    model_refresh(m);
+    uint64_t rng = seed ? seed : 1;
+    for (size_t i = 0; i < m->n_params; i++) m->params[i] = std * rng_normal(&rng);
+    size_t LD = (size_t)c.n_layers * c.dim;
+    for (size_t i = 0; i < LD; i++) m->w.rms_att[i] = m->w.rms_ffn[i] = 1.0f;
+    for (int i = 0; i < c.dim; i++) m->w.rms_final[i] = 1.0f;
+    model_refresh(m);
+    return 0;
+}
+
+void model_free(Model *m) {
+    free(m->params);
+    memset(m, 0, sizeof(*m));
+}
+
+int check_tokens(const Model *m, const int *tokens, int n, const char *what) {
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->config.vocab_size) {
+            fprintf(stderr, "error: %s: token id %d at position %d is outside the vocabulary [0, %d)\n",
+                    what, tokens[i], i, m->config.vocab_size);
+            return -1;
+        }
+    return 0;
+}
 
 const Document NO_DOCUMENT = {DOC_EXACT, 0, NULL, NULL};
 
@@ -1157,9 +1139,44 @@ int forward_segments(const Model *m, RunState *s, const Document *doc, const Seg
     return 0;
 }
 
+/* The document's KV cache: a prefill of the document with no document
+ * before it, in blocks; its local cache becomes the cache. */
+int doccache_build(DocCache *dc, const Model *m, const int *tokens, int n, int block) {
+    memset(dc, 0, sizeof(*dc));
+    if (n < 1) {
+        fprintf(stderr, "error: the document is empty\n");
+        return -1;
+    }
+    if (check_tokens(m, tokens, n, "document") != 0) return -1;
+    if (block > n) block = n;
+    RunState s;
+    runstate_alloc(&s, m, &NO_DOCUMENT, block, n);
+    for (int pos = 0; pos < n; pos += block) {
+        int len = n - pos < block ? n - pos : block;
+        forward(m, &s, &NO_DOCUMENT, tokens + pos, len, pos, LOGITS_NONE);
+    }
+    /* the document's local cache becomes its KV cache */
+    dc->n = n;
+    dc->n_layers = m->config.n_layers;
+    dc->kv_dim = m->config.dim / m->config.n_heads * m->config.n_kv_heads;
+    dc->key = s.key_cache; s.key_cache = NULL;
+    dc->value = s.value_cache; s.value_cache = NULL;
+    dc->fingerprint = document_fingerprint(tokens, n);
+    runstate_free(&s);
+    return 0;
+}
+
+uint64_t document_fingerprint(const int *tokens, int n) {
+    return fnv1a(FNV_OFFSET, tokens, (size_t)n * sizeof(int));
+}
+
+void doccache_free(DocCache *dc) {
+    free(dc->key); free(dc->value);
+    memset(dc, 0, sizeof(*dc));
+}
 
 /* ------------------------------------------------------------------------ */
-/* 4. The transformer: backward pass (each step quotes its forward line)    */
+/* 5. The transformer: backward pass (each step quotes its forward line)    */
 
 /* Backward of local_states for a block from local position 0: causal
  * attention over the block's own keys, recomputed head by head; writes dq
@@ -1343,531 +1360,3 @@ int backward(const Model *m, RunState *s, const Document *doc, const int *tokens
             for (int i = 0; i < D; i++) dw->token_embedding[(size_t)tokens[t] * D + i] += b->dx[(size_t)t * D + i];
     return 0;
 }
-
-int doccache_build(DocCache *dc, const Model *m, const int *tokens, int n, int block) {
-    memset(dc, 0, sizeof(*dc));
-    if (n < 1) {
-        fprintf(stderr, "error: the document is empty\n");
-        return -1;
-    }
-    if (check_tokens(m, tokens, n, "document") != 0) return -1;
-    if (block > n) block = n;
-    RunState s;
-    runstate_alloc(&s, m, &NO_DOCUMENT, block, n);
-    for (int pos = 0; pos < n; pos += block) {
-        int len = n - pos < block ? n - pos : block;
-        forward(m, &s, &NO_DOCUMENT, tokens + pos, len, pos, LOGITS_NONE);
-    }
-    /* the document's local cache becomes its KV cache */
-    dc->n = n;
-    dc->n_layers = m->config.n_layers;
-    dc->kv_dim = m->config.dim / m->config.n_heads * m->config.n_kv_heads;
-    dc->key = s.key_cache; s.key_cache = NULL;
-    dc->value = s.value_cache; s.value_cache = NULL;
-    dc->fingerprint = document_fingerprint(tokens, n);
-    runstate_free(&s);
-    return 0;
-}
-
-uint64_t document_fingerprint(const int *tokens, int n) {
-    return fnv1a(FNV_OFFSET, tokens, (size_t)n * sizeof(int));
-}
-
-void doccache_free(DocCache *dc) {
-    free(dc->key); free(dc->value);
-    memset(dc, 0, sizeof(*dc));
-}
-
-/* ------------------------------------------------------------------------ */
-/* 5. Evaluation                                                            */
-
-/* A progress line with an ETA for a long loop, shown once it has run 2 s
- * (a short one, as in the tests, stays quiet). */
-typedef struct { const char *what; int total, done, shown; double t0; } EvalProgress;
-
-static EvalProgress eval_progress_start(const char *what, int total) {
-    return (EvalProgress){what, total, 0, 0, now_seconds()};
-}
-
-static void eval_progress_step(EvalProgress *p) {
-    p->done++;
-    if (now_seconds() - p->t0 < 2) return;
-    print_progress(p->what, p->done, p->total, p->t0);
-    p->shown = 1;
-}
-
-static void eval_progress_end(const EvalProgress *p) {
-    if (p->shown) fputc('\n', stderr);
-}
-
-/* What an evaluation sums over prompts: next-token counts and KLs, and
- * the modules' errors. */
-typedef struct {
-    long positions, hits_full, hits_nectar, hits_nodoc, agree, agree_nodoc;
-    double kl, kl_nodoc;
-    double *score_se, *target_se; /* (L) sums of (a - alpha)^2 and ||A_theta - A||^2 */
-    double *rte_sum;            /* (L, H) sums of log(||A_theta - A||^2 / ||q - A||^2) */
-    long *layer_samples;        /* (L) module evaluations per layer */
-} Sums;
-
-static void sums_clear(Sums *s, int L, int H) {
-    s->positions = s->hits_full = s->hits_nectar = s->hits_nodoc = s->agree = s->agree_nodoc = 0;
-    s->kl = s->kl_nodoc = 0;
-    memset(s->score_se, 0, L * sizeof(double));
-    memset(s->target_se, 0, L * sizeof(double));
-    memset(s->rte_sum, 0, (size_t)L * H * sizeof(double));
-    memset(s->layer_samples, 0, L * sizeof(long));
-}
-
-static void sums_alloc(Sums *s, int L, int H) {
-    memset(s, 0, sizeof(*s));
-    s->score_se = xmalloc(L * sizeof(double));
-    s->target_se = xmalloc(L * sizeof(double));
-    s->rte_sum = xmalloc((size_t)L * H * sizeof(double));
-    s->layer_samples = xmalloc(L * sizeof(long));  /* xmalloc zeroes */
-}
-
-static void sums_free(Sums *s) { free(s->score_se); free(s->target_se); free(s->rte_sum); free(s->layer_samples); }
-
-static void sums_add(Sums *to, const Sums *from, int L, int H) {
-    to->positions += from->positions; to->hits_full += from->hits_full; to->hits_nectar += from->hits_nectar;
-    to->hits_nodoc += from->hits_nodoc; to->agree += from->agree; to->agree_nodoc += from->agree_nodoc;
-    to->kl += from->kl; to->kl_nodoc += from->kl_nodoc;
-    for (int l = 0; l < L; l++) {
-        to->score_se[l] += from->score_se[l]; to->target_se[l] += from->target_se[l];
-        to->layer_samples[l] += from->layer_samples[l];
-        for (int h = 0; h < H; h++) to->rte_sum[l * H + h] += from->rte_sum[l * H + h];
-    }
-}
-
-/* The three models of an evaluation, their scratch, one prompt's sums, and
- * the sums of each split (0: every prompt, 1: the challenge split). */
-typedef struct {
-    Document full, nectar;
-    RunState sf, sn, s0;        /* full cache (with taps), Nectar, no document */
-    ModuleWork work;
-    int max_len;
-    int *nodoc_input;           /* (n_nodoc_prefix + max_len) a prompt after the no-document prefix */
-    float *q, *a, *A;           /* (max_len group, d), (max_len group), (max_len group, d) */
-    double *lp_full, *lp_other; /* (V) log-probabilities */
-    Sums prompt, split[2];
-} Evaluation;
-
-static void evaluation_start(Evaluation *e, const Model *m, const DocCache *doc, const ModuleSet *ms,
-                             const PromptSet *prompts, int max_len) {
-    const Config *c = &m->config;
-    int L = c->n_layers, H = c->n_heads, d = c->dim / H, group = H / c->n_kv_heads, V = c->vocab_size;
-    memset(e, 0, sizeof(*e));
-    e->full = (Document){DOC_EXACT, doc->n, doc, NULL};
-    e->nectar = (Document){DOC_NECTAR, ms->n_doc, NULL, ms};
-    e->max_len = max_len;
-    runstate_alloc(&e->sf, m, &e->full, max_len, max_len);
-    runstate_enable_taps(&e->sf, m);
-    runstate_alloc(&e->sn, m, &e->nectar, max_len, max_len);
-    int nodoc_len = prompts->n_nodoc_prefix + max_len;
-    runstate_alloc(&e->s0, m, &NO_DOCUMENT, nodoc_len, nodoc_len);
-    modulework_alloc(&e->work, ms, max_len * group);
-    e->nodoc_input = xmalloc(nodoc_len * sizeof(int));
-    e->a = xmalloc((size_t)max_len * group * sizeof(float));
-    e->A = xmalloc((size_t)max_len * group * d * sizeof(float));
-    e->q = xmalloc((size_t)max_len * group * d * sizeof(float));
-    e->lp_full = xmalloc(V * sizeof(double));
-    e->lp_other = xmalloc(V * sizeof(double));
-    sums_alloc(&e->prompt, L, H);
-    sums_alloc(&e->split[0], L, H);
-    sums_alloc(&e->split[1], L, H);
-}
-
-static void evaluation_free(Evaluation *e) {
-    free(e->nodoc_input); free(e->a); free(e->A); free(e->q); free(e->lp_full); free(e->lp_other);
-    sums_free(&e->prompt); sums_free(&e->split[0]); sums_free(&e->split[1]);
-    modulework_free(&e->work);
-    runstate_free(&e->sf); runstate_free(&e->sn); runstate_free(&e->s0);
-}
-
-/* Without the document a prompt starts a sequence: the set's no-document
- * prefix (BOS, or the chat turn's opening) goes first, unless the prompt
- * starts with it. The prompt after it into out; returns the prefix's length. */
-static int after_nodoc_prefix(const PromptSet *p, const int *prompt, int len, int *out) {
-    int k = p->n_nodoc_prefix;
-    if (k > 0 && len >= k && !memcmp(prompt, p->nodoc_prefix, k * sizeof(int))) k = 0;
-    if (k > 0) memcpy(out, p->nodoc_prefix, k * sizeof(int));
-    memcpy(out + k, prompt, len * sizeof(int));
-    return k;
-}
-
-/* One prompt through the full-cache, Nectar and no-document models: the
- * next-token predictions at positions 0 .. len-2 against the true next
- * token and against the full cache's, into e->prompt. */
-static int count_next_tokens(Evaluation *e, const Model *m, const PromptSet *p, const int *prompt, int len) {
-    Sums *r = &e->prompt;
-    int V = m->config.vocab_size;
-    int prefix = after_nodoc_prefix(p, prompt, len, e->nodoc_input);
-    if (forward(m, &e->sf, &e->full, prompt, len, 0, LOGITS_ALL) != 0 ||
-        forward(m, &e->sn, &e->nectar, prompt, len, 0, LOGITS_ALL) != 0 ||
-        forward(m, &e->s0, &NO_DOCUMENT, e->nodoc_input, prefix + len, 0, LOGITS_ALL) != 0) return -1;
-    for (int t = 0; t + 1 < len; t++) {
-        const float *lf = e->sf.logits + (size_t)t * V, *ln = e->sn.logits + (size_t)t * V;
-        const float *l0 = e->s0.logits + (size_t)(t + prefix) * V;
-        int top_full = argmax(lf, V), top_nectar = argmax(ln, V), top_nodoc = argmax(l0, V);
-        int truth = prompt[t + 1];
-        r->hits_full += top_full == truth;
-        r->hits_nectar += top_nectar == truth;
-        r->hits_nodoc += top_nodoc == truth;
-        r->agree += top_nectar == top_full;
-        r->agree_nodoc += top_nodoc == top_full;
-        log_softmax(lf, V, e->lp_full);
-        log_softmax(ln, V, e->lp_other);
-        r->kl += kl_divergence(e->lp_full, e->lp_other, V);
-        log_softmax(l0, V, e->lp_other);
-        r->kl_nodoc += kl_divergence(e->lp_full, e->lp_other, V);
-        r->positions++;
-    }
-    return 0;
-}
-
-/* The modules on the queries the full-cache model just saw (its taps),
- * against the exact document state at each of the len positions, into
- * e->prompt. */
-static void count_module_fit(Evaluation *e, const Model *m, const ModuleSet *ms, int len) {
-    Sums *r = &e->prompt;
-    const Config *c = &m->config;
-    int L = c->n_layers, H = c->n_heads, G = c->n_kv_heads, D = c->dim, d = D / H, group = H / G;
-    for (int l = 0; l < L; l++)
-        for (int g = 0; g < G; g++) {
-            const float *tq = e->sf.taps.q + (size_t)l * e->max_len * D;
-            const float *tA = e->sf.taps.doc_A + (size_t)l * e->max_len * D;
-            const float *tlse = e->sf.taps.doc_lse + (size_t)l * e->max_len * H;
-            copy_rows(e->q, group * d, tq + g * group * d, D, len, group * d);
-            module_forward(ms, &ms->modules[l * G + g], &e->work, e->q, len * group, e->a, e->A);
-            for (int t = 0; t < len; t++)
-                for (int j = 0; j < group; j++) {
-                    int h = g * group + j;
-                    size_t row = (size_t)t * group + j;
-                    const float *Aref = tA + (size_t)t * D + h * d, *qh = e->q + row * d;
-                    double da = e->a[row] - tlse[(size_t)t * H + h], err = 0, base = 0;
-                    for (int k = 0; k < d; k++) {
-                        double diff = e->A[row * d + k] - Aref[k], b = qh[k] - Aref[k];
-                        err += diff * diff;
-                        base += b * b;
-                    }
-                    r->score_se[l] += da * da;
-                    r->target_se[l] += err;
-                    /* log(||A_theta - A||^2 / ||q - A||^2), guarded against log 0 */
-                    r->rte_sum[l * H + h] += log((err + 1e-30) / (base + 1e-30));
-                    r->layer_samples[l]++;
-                }
-        }
-}
-
-/* A split's sums into its means; RTE as exp of the mean over (layer,
- * query head) groups of their mean log ratio. */
-static void evaluation_means(const Sums *e, int L, int H, EvalResult *r) {
-    r->n_positions = (int)e->positions;
-    if (r->n_positions == 0) return;
-    double n = r->n_positions;
-    r->acc_full = e->hits_full / n; r->acc_nectar = e->hits_nectar / n; r->acc_nodoc = e->hits_nodoc / n;
-    r->agree = e->agree / n; r->agree_nodoc = e->agree_nodoc / n;
-    r->kl = e->kl / n; r->kl_nodoc = e->kl_nodoc / n;
-    long total = 0;
-    double log_rte = 0;
-    for (int l = 0; l < L; l++) {
-        r->score_mse += e->score_se[l];
-        r->target_mse += e->target_se[l];
-        total += e->layer_samples[l];
-        r->score_mse_layer[l] = e->score_se[l] / e->layer_samples[l];
-        r->target_mse_layer[l] = e->target_se[l] / e->layer_samples[l];
-        /* each (layer, head) has layer_samples[l] / H queries */
-        for (int h = 0; h < H; h++) log_rte += e->rte_sum[l * H + h] / (e->layer_samples[l] / H);
-    }
-    r->score_mse /= total;
-    r->target_mse /= total;
-    r->rte = exp(log_rte / (L * H));
-    r->n_queries = total;
-}
-
-/* What evaluate checks first: the modules are the document's, the
- * document (or the no-document prefix) and the longest prompt fit the
- * context, the prefix's and the prompts' ids the vocabulary. 0, or -1 after
- * a sentence. */
-static int evaluation_check(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
-                            int max_len) {
-    const Config *c = &m->config;
-    int K = prompts->n_nodoc_prefix;
-    if (ms->n_doc != doc->n) {
-        fprintf(stderr, "error: the modules stand for a document of %d tokens, not %d\n", ms->n_doc, doc->n);
-        return -1;
-    }
-    if ((doc->n > K ? doc->n : K) + max_len > c->seq_len) {
-        fprintf(stderr, "error: the document (%d tokens; without it, the prompts' prefix of %d) plus the longest "
-                "prompt (%d) exceed the context of %d\n", doc->n, K, max_len, c->seq_len);
-        return -1;
-    }
-    if (check_tokens(m, prompts->nodoc_prefix, K, "no-document prefix") != 0) return -1;
-    for (int i = 0; i < prompts->n_prompts; i++)
-        if (check_tokens(m, prompts->tokens + prompts->offsets[i], prompts->offsets[i + 1] - prompts->offsets[i],
-                         "evaluation prompt") != 0) return -1;
-    return 0;
-}
-
-static int evaluate_answers(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
-                            EvalResult *r, EvalResult *challenge);  /* below, after the rollouts */
-
-int evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
-             EvalResult *all, EvalResult *challenge) {
-    int L = m->config.n_layers, H = m->config.n_heads;
-    EvalResult *split[2] = {all, challenge};
-    for (int k = 0; k < 2; k++) {
-        memset(split[k], 0, sizeof(EvalResult));
-        split[k]->score_mse_layer = xmalloc(L * sizeof(double));
-        split[k]->target_mse_layer = xmalloc(L * sizeof(double));
-    }
-    int max_len = promptset_max_len(prompts), rc = evaluation_check(m, doc, ms, prompts, max_len);
-    if (rc == 0) {
-        Evaluation e;
-        evaluation_start(&e, m, doc, ms, prompts, max_len);
-        EvalProgress progress = eval_progress_start("evaluation: prompts", prompts->n_prompts);
-        for (int i = 0; i < prompts->n_prompts && rc == 0; i++) {
-            int len = prompts->offsets[i + 1] - prompts->offsets[i];
-            sums_clear(&e.prompt, L, H);
-            rc = count_next_tokens(&e, m, prompts, prompts->tokens + prompts->offsets[i], len);
-            if (rc == 0) count_module_fit(&e, m, ms, len);
-            for (int k = 0; k < 2 && rc == 0; k++)
-                if (k == 0 || prompts->challenge[i]) {
-                    sums_add(&e.split[k], &e.prompt, L, H);
-                    split[k]->n_prompts++;
-                }
-            eval_progress_step(&progress);
-        }
-        eval_progress_end(&progress);
-        for (int k = 0; k < 2 && rc == 0; k++) evaluation_means(&e.split[k], L, H, split[k]);
-        evaluation_free(&e);
-    }
-    /* the challenge split's sums are parts of these: a term that is not finite makes every sum it is in so */
-    if (rc == 0 && (!isfinite(all->kl) || !isfinite(all->score_mse) || !isfinite(all->target_mse) ||
-                    !isfinite(all->rte))) {
-        fprintf(stderr, "error: the modules' outputs on the held-out prompts are not finite (KL %g, score MSE %g, "
-                "target MSE %g): they diverged in fitting or are corrupt\n", all->kl, all->score_mse, all->target_mse);
-        rc = -1;
-    }
-    if (rc == 0) rc = evaluate_answers(m, doc, ms, prompts, all, challenge);
-    if (rc != 0) { evalresult_free(all); evalresult_free(challenge); }
-    return rc;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Answers: greedy rollouts after each question                            */
-
-/* The next token of rollout r from logits row `row` (argmax, or drawn by
- * the sampler): appended; 1 when the rollout goes on (no stop token, below
- * its cap). */
-static int rollout_next(const Model *m, const RunState *s, int row, const int stop[2], Sampler *sampler,
-                        Rollout *r) {
-    const float *logits = s->logits + (size_t)row * m->config.vocab_size;
-    int next = sampler ? sample(sampler, logits, m->config.vocab_size) : argmax(logits, m->config.vocab_size);
-    r->answer[r->len++] = next;
-    return next != stop[0] && next != stop[1] && r->len < r->cap;
-}
-
-/* The questions of the rollouts `idx` (count) in blocks of at most
- * s->max_block rows, rollout idx[j] in sequence j, and each one's first
- * token; live[j] says whether it goes on. */
-static int rollouts_prefill(const Model *m, RunState *s, const Document *doc, const int stop[2], Sampler *sampler,
-                            Rollout *r, const int *idx, int count, Segment *seg, unsigned char *live) {
-    for (int j = 0; j < count;) {
-        int in_block = 0, rows = 0;
-        for (; j + in_block < count && rows + r[idx[j + in_block]].n_question <= s->max_block; in_block++) {
-            const Rollout *q = &r[idx[j + in_block]];
-            seg[in_block] = (Segment){q->question, q->n_question, j + in_block, 0};
-            rows += q->n_question;
-        }
-        if (in_block == 0) {
-            fprintf(stderr, "error: a question of %d tokens does not fit a block of %d\n", r[idx[j]].n_question,
-                    s->max_block);
-            return -1;
-        }
-        if (forward_segments(m, s, doc, seg, in_block, LOGITS_LAST) != 0) return -1;
-        for (int k = 0; k < in_block; k++) live[j + k] = rollout_next(m, s, k, stop, sampler, &r[idx[j + k]]);
-        j += in_block;
-    }
-    return 0;
-}
-
-int rollouts(const Model *m, RunState *s, const Document *doc, const int stop[2], Sampler *sampler, Rollout *r,
-             int n) {
-    int *idx = xmalloc((n + 1) * sizeof(int)), count = 0;   /* (n) the rollouts with a question and room */
-    for (int k = 0; k < n; k++) {
-        r[k].len = 0;
-        if (r[k].n_question >= 1 && r[k].cap >= 1) idx[count++] = k;
-    }
-    if (count > s->n_seqs) {
-        fprintf(stderr, "error: %d rollouts need as many sequences; the run state has %d\n", count, s->n_seqs);
-        free(idx);
-        return -1;
-    }
-    Segment *seg = xmalloc((count + 1) * sizeof(Segment));  /* (count) */
-    unsigned char *live = xmalloc(count + 1);               /* (count) 1: rollout idx[j] goes on */
-    int *step = xmalloc((count + 1) * sizeof(int));         /* (count) the live ones in a decode step */
-    int rc = rollouts_prefill(m, s, doc, stop, sampler, r, idx, count, seg, live);
-    while (rc == 0) {  /* one decode step of every live rollout (up to a block of them), as one block */
-        int in_step = 0;
-        for (int j = 0; j < count && in_step < s->max_block; j++)
-            if (live[j]) {
-                Rollout *q = &r[idx[j]];
-                seg[in_step] = (Segment){&q->answer[q->len - 1], 1, j, q->n_question + q->len - 1};
-                step[in_step++] = j;
-            }
-        if (in_step == 0) break;
-        rc = forward_segments(m, s, doc, seg, in_step, LOGITS_LAST);
-        for (int k = 0; k < in_step && rc == 0; k++)
-            live[step[k]] = rollout_next(m, s, k, stop, sampler, &r[idx[step[k]]]);
-    }
-    free(idx); free(seg); free(live); free(step);
-    return rc;
-}
-
-double answer_prefix_fraction(const int *ref, int n_ref, const int *got, int n_got) {
-    int k = 0;
-    while (k < n_ref && k < n_got && ref[k] == got[k]) k++;
-    return n_ref > 0 ? (double)k / n_ref : 1.0;
-}
-
-/* The prompts with a question part (none when answers may have no token):
- * their count, and the longest question. */
-static int answer_prompts(const PromptSet *p, int *max_question) {
-    int count = 0;
-    *max_question = 1;
-    for (int i = 0; p->question_len && p->answer_cap > 0 && i < p->n_prompts; i++) {
-        if (p->question_len[i] == 0) continue;
-        count++;
-        if (p->question_len[i] > *max_question) *max_question = p->question_len[i];
-    }
-    return count;
-}
-
-/* Run k's answers (0 full cache, 1 Nectar, 2 no document) to the prompts
- * r->answer_prompt, ROLLOUT_BATCH at a time; the no-document model reads
- * each question after the set's prefix (nodoc_input: (n_answers, stride)). */
-enum { ROLLOUT_BATCH = 16 };
-static int answer_run(const Model *m, const Document *run, int k, const PromptSet *p, const int *nodoc_input,
-                      int stride, int max_question, int cap, EvalResult *r, EvalProgress *progress) {
-    RunState s;
-    int block = max_question > ROLLOUT_BATCH ? max_question : ROLLOUT_BATCH, rc = 0;
-    runstate_alloc_seqs(&s, m, run, block, max_question + cap, ROLLOUT_BATCH);
-    Rollout batch[ROLLOUT_BATCH];
-    for (int first = 0; first < r->n_answers && rc == 0; first += ROLLOUT_BATCH) {
-        int n = r->n_answers - first < ROLLOUT_BATCH ? r->n_answers - first : ROLLOUT_BATCH;
-        for (int j = 0; j < n; j++) {
-            int a = first + j, i = r->answer_prompt[a], nq = p->question_len[i];
-            const int *nodoc = nodoc_input + (size_t)a * stride;  /* its length first, then the tokens */
-            batch[j] = (Rollout){k == 2 ? nodoc + 1 : p->tokens + p->offsets[i], k == 2 ? nodoc[0] : nq, cap,
-                                 r->answer_tokens + ((size_t)a * 3 + k) * r->answer_cap, 0};
-        }
-        rc = rollouts(m, &s, run, p->answer_stop, NULL, batch, n);
-        eval_progress_step(progress);
-        for (int j = 0; j < n && rc == 0; j++) r->answer_len[(size_t)(first + j) * 3 + k] = batch[j].len;
-    }
-    runstate_free(&s);
-    return rc;
-}
-
-/* answer_match: equal token for token (so of equal length); answer_prefix:
- * the share of the full cache's answer before the first difference. */
-static void answer_means(EvalResult *r) {
-    double match = 0, match_nodoc = 0, prefix = 0;
-    for (int a = 0; a < r->n_answers; a++) {
-        const int *len = r->answer_len + (size_t)a * 3;
-        const int *full = r->answer_tokens + (size_t)a * 3 * r->answer_cap;
-        const int *nectar = full + r->answer_cap, *nodoc = full + 2 * r->answer_cap;
-        match += len[1] == len[0] && !memcmp(nectar, full, len[0] * sizeof(int));
-        match_nodoc += len[2] == len[0] && !memcmp(nodoc, full, len[0] * sizeof(int));
-        prefix += answer_prefix_fraction(full, len[0], nectar, len[1]);
-    }
-    if (r->n_answers == 0) return;
-    r->answer_match = match / r->n_answers;
-    r->answer_match_nodoc = match_nodoc / r->n_answers;
-    r->answer_prefix = prefix / r->n_answers;
-}
-
-/* The challenge split's answers: those of `all` whose prompts are marked. */
-static void challenge_answers(const PromptSet *p, const EvalResult *all, EvalResult *r) {
-    size_t per = (size_t)3 * all->answer_cap;  /* an answer's three rollouts */
-    r->n_answers = 0;
-    r->answer_cap = all->answer_cap;
-    r->answer_prompt = xmalloc((all->n_answers + 1) * sizeof(int));
-    r->answer_len = xmalloc(((size_t)all->n_answers * 3 + 1) * sizeof(int));
-    r->answer_tokens = xmalloc((all->n_answers * per + 1) * sizeof(int));
-    for (int a = 0; a < all->n_answers; a++) {
-        if (!p->challenge[all->answer_prompt[a]]) continue;
-        int b = r->n_answers++;
-        r->answer_prompt[b] = all->answer_prompt[a];
-        memcpy(r->answer_len + (size_t)b * 3, all->answer_len + (size_t)a * 3, 3 * sizeof(int));
-        memcpy(r->answer_tokens + b * per, all->answer_tokens + a * per, per * sizeof(int));
-    }
-    answer_means(r);
-}
-
-/* The answer metrics of r (n_answers, answer_match, answer_match_nodoc,
- * answer_prefix and the answers themselves): the full-cache, Nectar and
- * no-document answers (rollouts, greedy; without the document the question
- * follows the set's nodoc_prefix; one cap for all, shortened where the
- * context ends) of every prompt with a question part; the challenge split's
- * are the same rollouts of its prompts. */
-static int evaluate_answers(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
-                            EvalResult *r, EvalResult *challenge) {
-    int max_question, K = prompts->n_nodoc_prefix;
-    r->n_answers = answer_prompts(prompts, &max_question);
-    /* the same cap for all three: where the context ends after the document (or the prefix) */
-    int room = m->config.seq_len - (doc->n > K ? doc->n : K) - max_question;
-    int cap = prompts->answer_cap < room ? prompts->answer_cap : room;
-    if (r->n_answers > 0 && cap < 1) {
-        fprintf(stderr, "error: the document (%d tokens) and the longest question (%d) leave no room for an answer "
-                "in the context of %d\n", doc->n, max_question, m->config.seq_len);
-        return -1;
-    }
-    r->answer_cap = cap > 0 ? cap : 1;
-    r->answer_prompt = xmalloc((r->n_answers + 1) * sizeof(int));
-    r->answer_len = xmalloc(((size_t)r->n_answers * 3 + 1) * sizeof(int));
-    r->answer_tokens = xmalloc(((size_t)r->n_answers * 3 * r->answer_cap + 1) * sizeof(int));
-    if (r->n_answers == 0) { challenge_answers(prompts, r, challenge); return 0; }
-    int stride = 1 + K + max_question, *nodoc_input = xmalloc((size_t)r->n_answers * stride * sizeof(int));
-    for (int i = 0, a = 0; i < prompts->n_prompts; i++) {
-        if (prompts->question_len[i] == 0) continue;
-        int *at = nodoc_input + (size_t)a * stride;  /* (1 + K + max_question): the length, then the tokens */
-        at[0] = after_nodoc_prefix(prompts, prompts->tokens + prompts->offsets[i], prompts->question_len[i], at + 1) +
-                prompts->question_len[i];
-        r->answer_prompt[a++] = i;
-    }
-    Document runs[3] = {{DOC_EXACT, doc->n, doc, NULL}, {DOC_NECTAR, ms->n_doc, NULL, ms}, NO_DOCUMENT};
-    int rc = 0, batches = (r->n_answers + ROLLOUT_BATCH - 1) / ROLLOUT_BATCH;
-    EvalProgress progress = eval_progress_start("evaluation: answer batches (full cache, Nectar, no document)",
-                                                3 * batches);
-    for (int k = 0; k < 3 && rc == 0; k++)
-        rc = answer_run(m, &runs[k], k, prompts, nodoc_input, stride, K + max_question, cap, r, &progress);
-    eval_progress_end(&progress);
-    if (rc == 0) {
-        answer_means(r);
-        challenge_answers(prompts, r, challenge);
-    }
-    free(nodoc_input);
-    return rc;
-}
-
-void evalresult_free(EvalResult *r) {
-    free(r->score_mse_layer); free(r->target_mse_layer);
-    free(r->answer_prompt); free(r->answer_len); free(r->answer_tokens);
-    memset(r, 0, sizeof(*r));
-}
-
-int promptset_max_len(const PromptSet *p) {
-    int max_len = 1;
-    for (int i = 0; i < p->n_prompts; i++)
-        if (p->offsets[i + 1] - p->offsets[i] > max_len) max_len = p->offsets[i + 1] - p->offsets[i];
-    return max_len;
-}
-
-void promptset_free(PromptSet *p) {
-    free(p->offsets); free(p->tokens); free(p->challenge); free(p->question_len); free(p->nodoc_prefix);
-    memset(p, 0, sizeof(*p));
-}
-

@@ -1,4 +1,4 @@
-/* nectar.h - Nectar in C: the API of the CPU reference.
+/* nectar.h - Nectar in C: the method's types and functions (nectar.c).
  *
  * Nectar replaces a fixed document's KV cache by one small module per layer
  * and KV head. A module maps a rotated query q to an attention *state*
@@ -14,17 +14,10 @@
  *   B  tokens in one forward block            N  queries in a module batch
  *   w  MLP module width       p  quadrature pairs
  *
- * Where each part lives:
- *   nectar.c     the method: attention states and their merge, the modules,
- *                the losses and the fitting step, the transformer's forward
- *                and backward (exact and Nectar side by side), evaluation
- *   formats.c    files: llama2.c checkpoints, module files, text and
- *                token-id files, atomic writes
- *   tokenizer.c  the llama2.c tokenizer.bin
- *   cli.c        what the programs share: option parsing, progress lines,
- *                tables and JSON of the metrics
- *   util.c       memory, time, random numbers, hashing, sampling
- *   parallel.c   the CPU's threads: a pool that runs the tasks of a loop
+ * The core is this header, nectar.c and the three files of src/ it runs on:
+ * kernels (exp_fast and the matrix products), parallel (the thread pool) and
+ * util (memory, time, random numbers). It calls nothing else: file formats,
+ * tokenizers, evaluation and the command line sit above it in src/.
  *
  * Conventions: fp32; natural log; errors print one sentence on stderr and
  * return -1 (or NULL).
@@ -33,15 +26,10 @@
 #define NECTAR_H
 
 #include <stddef.h>
-#include <stdio.h>
 #include <stdint.h>
 
-#include "tokenizer_bpe.h"
-
-typedef struct Sampler Sampler;  /* a token sampler (util.c) */
-
 /* ------------------------------------------------------------------------ */
-/* The model: a llama2.c transformer (formats.c loads and writes it)        */
+/* The model: a llama2.c transformer (src/formats.c loads and writes it)    */
 
 typedef struct {
     int dim;          /* D */
@@ -82,6 +70,22 @@ typedef struct {
     Weights w;
     uint64_t fingerprint;   /* hash of config and weights */
 } Model;
+
+/* The weights in one block, in llama2.c's file order without its RoPE
+ * tables: the count, and the views w of the tensors in a block laid out so
+ * (the weights, or their gradients). */
+size_t model_param_count(const Config *c, int shared_classifier);
+void weights_view(const Config *c, int shared_classifier, float *base, Weights *w);
+/* A sentence naming `what` and -1 unless the shape is one this code can run. */
+int  config_check(const Config *c, const char *what);
+/* Allocates a model of the given shape with weights drawn from a seeded
+ * normal distribution (scale `std`; RMSNorm weights 1). For tests and demos. */
+int  model_init_random(Model *m, Config c, int shared_classifier, uint64_t seed, float std);
+/* Sets params views and the fingerprint after params changed. */
+void model_refresh(Model *m);
+void model_free(Model *m);
+/* A sentence and -1 if any id is outside [0, V). `what` names the input. */
+int  check_tokens(const Model *m, const int *tokens, int n, const char *what);
 
 /* ------------------------------------------------------------------------ */
 /* 1. Attention states and their merge                                      */
@@ -195,6 +199,9 @@ int    depths_valid(int Db, int Ds, int Dt);
 int  moduleset_alloc(ModuleSet *s, ModuleArch arch, int L, int G, int d,
                      int Db, int Ds, int Dt, const int *size_per_layer, int with_grads);
 void moduleset_free(ModuleSet *s);
+/* The longest prompt's length (at least 1). */
+int  promptset_max_len(const PromptSet *p);
+void promptset_free(PromptSet *p);
 
 /* Scratch for a batch of up to max_q queries through one module. */
 typedef struct {
@@ -262,6 +269,10 @@ void fitbatch_free(FitBatch *b);
  * modules. w holds N queries. */
 double regression_grads(ModuleSet *s, ModuleWork *w, FitBatch *b, const FitTargets *t, int n_heads,
                         float lambda_alpha, float lambda_A);
+/* log softmax of n logits, in doubles: out_i = x_i - log sum_j exp(x_j). */
+void   log_softmax(const float *x, int n, double *out);
+/* KL(p || q) = sum_i p_i (log p_i - log q_i), from log-probabilities. */
+double kl_divergence(const double *logp, const double *logq, int n);
 /* Mean over ntok positions of KL(softmax(teacher) || softmax(student));
  * if dlogits (ntok, V) is not NULL, its gradient with respect to the
  * student's logits. */
@@ -281,7 +292,7 @@ void adamw_update(float *params, const float *grads, float *m, float *v, size_t 
                   float beta2);
 
 /* ------------------------------------------------------------------------ */
-/* 4. The transformer's forward and backward passes                         */
+/* 4. The transformer: the forward pass                                     */
 
 /* On the CPU each KV head's keys (and values) lie together, (L, G, n, d):
  * a head's attention reads them as one stream (a decode step's products of
@@ -418,6 +429,14 @@ typedef struct { const int *tokens; int ntok, seq, pos; } Segment;
  * row k of s->logits), or none. 0, or -1 with a sentence. */
 int forward_segments(const Model *m, RunState *s, const Document *doc, const Segment *seg, int n_segs, int logits);
 
+/* Prefill of the document: builds its KV cache in blocks of `block`. */
+int  doccache_build(DocCache *c, const Model *m, const int *tokens, int n, int block);
+void doccache_free(DocCache *c);
+uint64_t document_fingerprint(const int *tokens, int n);
+
+/* ------------------------------------------------------------------------ */
+/* 5. The transformer: the backward pass                                    */
+
 /* Backward of the last forward (one block from local position 0, run with
  * backward enabled): given dlogits (ntok, V), adds the gradients of the
  * modules' parameters (DOC_NECTAR, into their grads) and, when dw is not
@@ -425,246 +444,5 @@ int forward_segments(const Model *m, RunState *s, const Document *doc, const Seg
  * Model.params). The model itself stays frozen. */
 int backward(const Model *m, RunState *s, const Document *doc, const int *tokens, int ntok,
              const float *dlogits, Weights *dw);
-
-/* Prefill of the document: builds its KV cache in blocks of `block`. */
-int  doccache_build(DocCache *c, const Model *m, const int *tokens, int n, int block);
-void doccache_free(DocCache *c);
-uint64_t document_fingerprint(const int *tokens, int n);
-
-/* ------------------------------------------------------------------------ */
-/* 5. Evaluation                                                            */
-
-typedef struct {
-    int n_prompts, n_positions;   /* prompts, and next-token predictions counted */
-    long n_queries;               /* module evaluations (positions x query heads x layers) */
-    double acc_full, acc_nectar, acc_nodoc;  /* top-1 against the true next token */
-    double agree, agree_nodoc;    /* top-1 equal to the full-cache model's */
-    double kl, kl_nodoc;          /* mean KL(full || other) per position */
-    double score_mse, target_mse; /* mean (a - alpha)^2, mean ||A_theta - A||^2 */
-    double rte;                   /* exp(mean over (layer, query head) of mean log(||A_theta - A||^2 / ||q - A||^2)) */
-    double *score_mse_layer, *target_mse_layer;  /* (L) */
-    /* answers: greedy rollouts after the question part of each prompt that
-     * has one */
-    int n_answers;                /* prompts with a question part */
-    double answer_match;          /* fraction whose Nectar answer equals the full cache's, token for token */
-    double answer_match_nodoc;    /* the same for the no-document model */
-    double answer_prefix;         /* mean fraction of the full cache's answer Nectar reproduces before it diverges */
-    int answer_cap;               /* Acap: the longest answer, the stride below */
-    int *answer_prompt;           /* (n_answers) the prompt's index in the set */
-    int *answer_len;              /* (n_answers, 3) lengths: full cache, Nectar, no document */
-    int *answer_tokens;           /* (n_answers, 3, Acap) the answers */
-} EvalResult;
-
-/* Runs the full-cache, Nectar and no-document models over each prompt of
- * `prompts` placed after the document, once: the metrics of them all into
- * `all`, of those marked challenge into `challenge`. Returns -1 with a
- * message if the modules' outputs are not finite. */
-int  evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
-              EvalResult *all, EvalResult *challenge);
-/* Generations, many at once: rollout k writes tokens after its question (at
- * local position 0 of sequence j, its place among those with a question and
- * room), argmax (greedy; sampler NULL) or drawn by the sampler, until one
- * of stop[2] (kept as the answer's last token) or `cap` tokens. Each step
- * is one forward_segments of the live rollouts (up to a block of them): one
- * matrix product per weight for all of them. s needs a sequence per
- * rollout, a block of the longest question (and of n), and room for
- * question + cap. 0 (each len set), or -1 with a sentence. */
-typedef struct {
-    const int *question; int n_question;
-    int cap;
-    int *answer;  /* (cap) */
-    int len;      /* out: the answer's length */
-} Rollout;
-int  rollouts(const Model *m, RunState *s, const Document *doc, const int stop[2], Sampler *sampler, Rollout *r,
-               int n);
-/* The fraction of ref's n_ref tokens that got reproduces before the first
- * token where they differ (1 when ref is empty). */
-double answer_prefix_fraction(const int *ref, int n_ref, const int *got, int n_got);
-void evalresult_free(EvalResult *r);
-/* The longest prompt's length (at least 1). */
-int  promptset_max_len(const PromptSet *p);
-void promptset_free(PromptSet *p);
-
-/* ------------------------------------------------------------------------ */
-/* Files (formats.c)                                                        */
-
-/* A model file, told apart by its first bytes: a GGUF file of the Llama
- * architecture (its weights dequantized to fp32, RoPE base and RMSNorm
- * epsilon from its metadata), or a llama2.c "v0" checkpoint (seven int32
- * header fields: dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size,
- * seq_len, a negative vocab_size meaning an unshared classifier; then the
- * fp32 tensors). */
-int  model_load(Model *m, const char *path);
-/* 1 when the file starts with GGUF's magic number. */
-int  is_gguf_file(const char *path);
-/* Allocates a model of the given shape with weights drawn from a seeded
- * normal distribution (scale `std`; RMSNorm weights 1). For tests and demos. */
-int  model_init_random(Model *m, Config c, int shared_classifier, uint64_t seed, float std);
-int  model_save(const Model *m, const char *path);
-void model_free(Model *m);
-/* Points w at the tensors of a block laid out like Model.params (the
- * weights, or their gradients). */
-void weights_view(const Config *c, int shared_classifier, float *base, Weights *w);
-/* Sets params views and the fingerprint after params changed. */
-void model_refresh(Model *m);
-/* A sentence and -1 if any id is outside [0, V). `what` names the input. */
-int  check_tokens(const Model *m, const int *tokens, int n, const char *what);
-
-/* Module files: a fixed header, the module table, the parameters and the
- * held-out prompts. load refuses a file fitted to another model or
- * document (fingerprints given; 0 skips that check) with a sentence. */
-int  moduleset_save(const ModuleSet *s, const char *path);
-int  moduleset_load(ModuleSet *s, const char *path, uint64_t model_fp, uint64_t doc_fp);
-
-/* Whitespace-separated integers; returns the count and a malloc'd array. */
-int  read_token_ids(const char *path, int **ids);
-/* A whole text file, NUL-terminated, malloc'd; NULL after a sentence (also
- * for a file with a NUL byte in it). */
-char *read_text_file(const char *path);
-/* A whole file, malloc'd with a NUL after its last byte; NULL after a sentence. */
-unsigned char *read_file(const char *path, size_t *size);
-/* Writes n_parts buffers to path atomically: a temporary file, then rename. */
-int  write_file_atomic(const char *path, const void *const *parts, const size_t *sizes, int n_parts);
-/* Index of the first NaN or infinity in x (n), or n if every value is finite. */
-size_t first_nonfinite(const float *x, size_t n);
-
-/* ------------------------------------------------------------------------ */
-/* Tokenizers and the chat template (tokenizer.c, tokenizer_bpe.c)          */
-
-typedef enum {
-    TOKENIZER_SCORES = 1,   /* BPE by merge score: llama2.c's tokenizer.bin, a GGUF "llama" vocabulary */
-    TOKENIZER_BYTE_BPE = 2, /* byte-level BPE by merge rank: a GGUF "gpt2" vocabulary (SmolLM2) */
-} TokenizerKind;
-
-typedef struct {
-    TokenizerKind kind;
-    int vocab_size;
-    int bos_id, eos_id;     /* BOS, and EOS: the end of a chat model's turn */
-    int add_bos;            /* 1: a text that starts a sequence gets BOS */
-    char *chat_system;      /* ChatML's default system message ("" for none); NULL: no ChatML template */
-    /* TOKENIZER_SCORES */
-    int max_token_length;
-    int add_space_prefix;           /* SentencePiece's space before the text */
-    char **vocab;                   /* (V) NUL-terminated pieces */
-    float *scores;                  /* (V) merge scores */
-    int *sorted_ids;                /* (V) ids sorted by piece, for lookup */
-    unsigned char byte_pieces[512]; /* each byte as a 1-char string */
-    /* TOKENIZER_BYTE_BPE */
-    BpeTokenizer bpe;
-    char *piece;                    /* (piece_cap) tokenizer_decode's buffer */
-    size_t piece_cap;
-} Tokenizer;
-
-/* A tokenizer.bin, or the tokenizer of a GGUF file (told apart by content);
- * vocab_size 0: every entry in the file, else the model's (checked). */
-int  tokenizer_load(Tokenizer *t, const char *path, int vocab_size);
-void tokenizer_free(Tokenizer *t);
-/* Text to at most max_tokens ids, with BOS first and EOS last when asked.
- * Scores: BPE as llama2.c encodes; byte-level: as Hugging Face tokenizers
- * encodes, control tokens written in the text as their one id. Returns the
- * count, or -1 with a sentence (too many tokens, a text the vocabulary
- * cannot spell). */
-int  tokenizer_encode(const Tokenizer *t, const char *text, int bos, int eos,
-                      int *tokens, int max_tokens);
-/* The text to print for `token` after `prev_token` (byte-level: its bytes);
- * NULL if out of range. */
-const char *tokenizer_decode(const Tokenizer *t, int prev_token, int token);
-
-/* The chat convention (ChatML), one for infer, train and evaluation: the
- * document goes into the user's turn, before the question:
- *   chat_document: "<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{document}\n\n"
- *   chat_prompt:   "{question}<|im_end|>\n<|im_start|>assistant\n"
- * (no system turn when the template has no default system message). With no
- * document, chat_prompt(after_document 0) carries the turn's start itself.
- * Both malloc'd. */
-char *chat_document(const Tokenizer *t, const char *document);
-char *chat_prompt(const Tokenizer *t, const char *question, int after_document);
-/* The ids of a document's text (framed as a chat turn when chat), BOS first
- * where the tokenizer adds one; of a prompt, BOS first only when it starts
- * the sequence (no document before it). At most max ids; NULL after a
- * sentence; malloc'd. */
-int *encode_document(const Tokenizer *t, const char *text, int chat, int max, int *n);
-int *encode_prompt(const Tokenizer *t, const char *text, int chat, int after_document, int max, int *n);
-/* A prompt set's conventions (PromptSet): its answers end with a chat
- * model's `<|im_end|>` or `<|endoftext|>` (EOS where the vocabulary has
- * neither as one token), or a text model's newline (its single-newline
- * token: a token holding a newline among other text does not stop) or BOS;
- * without the
- * document a prompt follows the document's own opening (BOS, or the chat
- * turn's start: encode_document of ""). No tokenizer (token ids and a
- * llama2.c checkpoint): BOS = 1 opens a sequence and ends an answer. */
-void answer_conventions(const Tokenizer *t, int chat, PromptSet *p);
-
-/* ------------------------------------------------------------------------ */
-/* What the programs share (cli.c)                                          */
-
-/* Command-line numbers: all of `text` as an int within int's range, a finite
- * float, or an unsigned 64-bit seed. Anything else (empty, trailing junk,
- * overflow, nan, inf, a minus sign on a seed) gets "error: option OPTION
- * expects ..., got 'TEXT'" and -1; the programs then check the ranges. */
-int parse_int_option(const char *option, const char *text, int *out);
-int parse_float_option(const char *option, const char *text, float *out);
-int parse_seed_option(const char *option, const char *text, unsigned long long *out);
-/* The sentence for an option that comes last without a value: "needs a value"
- * when it is one of value_options (" -a --bee ... ", each between spaces),
- * else "is unknown". */
-void report_last_option(const char *option, const char *value_options);
-/* What --gpu says in the CPU-only build. */
-#define NO_GPU_SUPPORT "this is the CPU-only build; --gpu is in build-gpu/ (make gpu, where nvcc is found)"
-
-/* "\r<what> done/total  <elapsed>s  ETA <eta>s" on stderr, for a loop that
- * started at t_start (now_seconds()). */
-void print_progress(const char *what, int done, int total, double t_start);
-/* The metrics as a human-readable table, or as the body of a JSON object. */
-void print_eval_table(FILE *f, const char *title, const EvalResult *r, int n_layers);
-void print_eval_json(FILE *f, const EvalResult *r);
-
-/* ------------------------------------------------------------------------ */
-/* Utilities and sampling (util.c)                                          */
-
-/* Checked allocation: zeroed memory (calloc), or a sentence naming the file
- * and line and exit(1). Code relies on the zeroing. */
-void *check_malloc(size_t n, const char *file, int line);
-#define xmalloc(n) check_malloc((n), __FILE__, __LINE__)
-double now_seconds(void);
-/* dst row r (stride ld_dst) = src row r (stride ld_src), `width` floats each:
- * gathers the query heads of a KV group into one batch, and back. */
-void copy_rows(float *dst, int ld_dst, const float *src, int ld_src, int rows, int width);
-uint64_t fnv1a(uint64_t h, const void *data, size_t n);
-#define FNV_OFFSET 1469598103934665603ULL
-uint32_t rng_u32(uint64_t *state);
-float    rng_uniform(uint64_t *state);   /* [0, 1) */
-float    rng_normal(uint64_t *state);
-int      argmax(const float *x, int n);
-
-typedef struct { float prob; int index; } Candidate;
-struct Sampler {
-    float temperature, topp;
-    uint64_t rng;
-    Candidate *cand;  /* (V) probabilities, sorted for top-p */
-};
-
-void sampler_init(Sampler *s, int vocab_size, float temperature, float topp, uint64_t seed);
-void sampler_free(Sampler *s);
-/* Greedy at temperature 0; else a draw from softmax(logits / temperature),
- * restricted to the top-p mass when 0 < topp < 1. */
-int  sample(Sampler *s, const float *logits, int n);
-
-/* ------------------------------------------------------------------------ */
-/* Threads (parallel.c)                                                     */
-
-/* The CPU's parallelism is one pool of threads, the caller among them;
- * OpenBLAS runs single-threaded inside its tasks (parallel_set_threads and
- * the first parallel_for set it so). parallel_for runs task(ctx, i) for
- * i = 0 .. n_tasks - 1, in any order and on any of the pool's threads, and
- * returns when all are done; a call made inside a task, or while another
- * thread's call runs, runs its tasks in the caller, one after another. */
-typedef void (*ParallelTask)(void *ctx, int task);
-void parallel_for(int n_tasks, ParallelTask task, void *ctx);
-/* The pool's size, the caller included: 0 is one thread per online CPU (the
- * default), 1 runs every task in the caller. -1 with a sentence when out of
- * range. */
-int  parallel_set_threads(int n);
-int  parallel_threads(void);
 
 #endif

@@ -8,6 +8,7 @@
  * says host.
  */
 #include "nectar_cuda.h"
+#include "src/util.h"
 
 #include <math.h>
 #include <stdio.h>

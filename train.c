@@ -20,7 +20,13 @@
  * 6. the metrics on the held-out prompts and the module file (with them).
  */
 #include "nectar.h"
-#include "selfstudy.h"
+#include "src/cli.h"
+#include "src/eval.h"
+#include "src/formats.h"
+#include "src/parallel.h"
+#include "src/selfstudy.h"
+#include "src/tokenizer.h"
+#include "src/util.h"
 #ifdef NECTAR_CUDA
 #include "nectar_cuda.h"
 #endif
@@ -64,7 +70,7 @@ typedef struct {
  * layers: its recipe is a regression fit of quadrature modules (2000 cheap
  * steps), then 400 KL steps going on from it, on a smaller self-study (32
  * spans, 64 tasks): 20 minutes on 2 cores for SmolLM2-135M and Apache-2.0
- * (README: what each part of it gains). */
+ * (docs/real-model.md: what each part of it gains). */
 typedef struct {
     ModuleArch arch;
     LossPreset loss;

@@ -3,7 +3,7 @@
 # Prints OPENBLAS_CORETYPE=NAME where OpenBLAS, as linked into PROGRAM (one of
 # ours, built), runs its generic SSE3 kernels ("Prescott") on a CPU that can
 # run its AVX-512 (SkylakeX) or AVX2 (Haswell) ones: as Debian 12's OpenBLAS
-# 0.3.21 does on CPUs newer than it (parallel.c says why). Prints nothing
+# 0.3.21 does on CPUs newer than it (src/parallel.c says why). Prints nothing
 # where OPENBLAS_CORETYPE is set already or OpenBLAS knows the CPU. The
 # Makefile's long jobs and scripts/results.sh run with it; the tests do not.
 set -eu

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The README's results tables, from one command: fits Nectar modules to a
+# The results tables of docs/results.md, from one command: fits Nectar modules to a
 # document for the default model (data/), on self-study prompts alone (the
 # defaults), or for SmolLM2 (real), and prints markdown.
 #   scripts/results.sh capacity   MLP and quadrature at rho 2%, 5%, 10% (data/doc.txt)

@@ -9,7 +9,7 @@ float8 e4m3's (without their narrower exponent ranges).
 
 usage: scripts/round_modules.py IN.nectar BITS OUT.nectar   (BITS in 1..22)
 
-The layout read here is moduleset_save's in formats.c: a 128-byte header
+The layout read here is moduleset_save's in src/formats.c: a 128-byte header
 (magic "NTCR", version 3; n_layers and n_kv_heads at bytes 12 and 16,
 n_params at byte 64), a table of 8 bytes a module, then n_params float32.
 """

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "../nectar.h"
+#include "../src/util.h"
 
 static int n_passed, n_failed;
 

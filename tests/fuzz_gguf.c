@@ -4,14 +4,14 @@
  * crash, read out of bounds or break an invariant. Not part of `make test`
  * (it needs clang's libFuzzer):
  *
- *   clang -g -O1 -std=c11 -fsanitize=fuzzer,address,undefined -o tests/fuzz_gguf tests/fuzz_gguf.c gguf.c -lm
+ *   clang -g -O1 -std=c11 -fsanitize=fuzzer,address,undefined -o tests/fuzz_gguf tests/fuzz_gguf.c src/gguf.c -lm
  *   mkdir -p tests/tmp_fuzz && cp tests/data/gguf_*.gguf tests/tmp_fuzz/
  *   tests/fuzz_gguf -max_total_time=300 -max_len=200000 tests/tmp_fuzz
  */
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "../gguf.h"
+#include "../src/gguf.h"
 #include "gguf_walk.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../gguf.h"
+#include "../src/gguf.h"
 
 /* Every element getter on elements 0..15 and the last one (and one past it). */
 static void walk_array(const GgufKV *kv) {

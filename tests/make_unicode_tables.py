@@ -2,7 +2,7 @@
 """Writes unicode_tables.h: the Unicode character classes the byte-level BPE
 pre-tokenizers need, as sorted code-point ranges for a binary search.
 
-    python3 tests/make_unicode_tables.py unicode_tables.h \
+    python3 tests/make_unicode_tables.py src/unicode_tables.h \
         [--regex-ucd DIR] [--numeric-ucd DIR]
 
 Two tables, because the tokenizer they must match takes them from two places:

@@ -2,6 +2,8 @@
  * for tests and benchmarks: random_model OUT.bin [dim hidden layers heads
  * kv_heads vocab seq_len seed std] (negative vocab: unshared classifier). */
 #include "../nectar.h"
+#include "../src/cli.h"
+#include "../src/formats.h"
 
 #include <stdio.h>
 #include <stdlib.h>

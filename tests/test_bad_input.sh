@@ -182,7 +182,7 @@ if [ -x "$bin/pretrain" ] && [ -x "$bin/benchmark" ]; then
     expect_error "benchmark --json --gpu (the GPU tables are text)" "$bin/benchmark" -m $model --json --gpu
 fi
 
-# OpenBLAS's generic kernels on a CPU that can run faster ones (parallel.c): a
+# OpenBLAS's generic kernels on a CPU that can run faster ones (src/parallel.c): a
 # program warns exactly where scripts/fast_blas.sh names the faster core, and
 # not once that core is set (on a CPU OpenBLAS knows, neither says anything)
 check_blas_warning() {

@@ -15,8 +15,8 @@
  * The last line is "N passed, M failed"; the exit status is non-zero on any
  * failure.
  */
-#include "../tokenizer_bpe.c"
-#include "../gguf.h"
+#include "../src/tokenizer_bpe.c"
+#include "../src/gguf.h"
 
 #include <errno.h>
 #include <time.h>

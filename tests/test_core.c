@@ -6,6 +6,9 @@
  * "N passed, M failed" and the exit status is non-zero on any failure.
  */
 #include "../nectar.c"
+#include "../src/eval.h"
+#include "../src/formats.h"
+#include "../src/tokenizer.h"
 
 #include "check.h"
 

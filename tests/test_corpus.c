@@ -7,7 +7,7 @@
  * The last line is "N passed, M failed"; the exit status is non-zero on any
  * failure.
  */
-#include "../corpus.h"
+#include "../tools/corpus.h"
 
 #include <ctype.h>
 #include <stdio.h>

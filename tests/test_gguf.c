@@ -25,7 +25,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "../gguf.h"
+#include "../src/gguf.h"
 #include "gguf_walk.h"
 
 #define TYPES_FIXTURE "tests/data/gguf_types.gguf"

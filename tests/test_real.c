@@ -17,7 +17,10 @@
  * failure.
  */
 #include "../nectar.h"
-#include "../gguf.h"
+#include "../src/formats.h"
+#include "../src/gguf.h"
+#include "../src/tokenizer.h"
+#include "../src/util.h"
 
 #include <stdio.h>
 #include <stdlib.h>

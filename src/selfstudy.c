@@ -8,6 +8,11 @@
  * same way. Everything depends on the seed alone.
  */
 #include "selfstudy.h"
+#include "cli.h"
+#include "eval.h"
+#include "formats.h"
+#include "parallel.h"
+#include "util.h"
 
 #include <errno.h>
 #include <limits.h>

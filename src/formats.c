@@ -4,8 +4,9 @@
  * is read from it; files are written to a temporary name and renamed, so a
  * crash never leaves half a file.
  */
-#include "nectar.h"
+#include "formats.h"
 #include "gguf.h"
+#include "util.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -134,80 +135,15 @@ done:
 
 enum { HEADER_INTS = 7 };
 
-/* Number of floats of each tensor, in file order (RoPE tables included). */
-enum { T_RMS_FINAL = 10, T_ROPE_REAL = 11, T_ROPE_IMAG = 12, T_CLS = 13, T_COUNT = 14 };
-typedef struct { size_t count[T_COUNT]; } TensorSizes;
+/* After the header, a checkpoint holds the model's block (Model.params)
+ * with llama2.c's two RoPE tables (T d / 2 floats each) between rms_final
+ * and the unshared classifier: the floats before the tables, of each
+ * table, and after them. */
+typedef struct { size_t before_rope, rope, cls; } CheckpointLayout;
 
-static TensorSizes tensor_sizes(const Config *c, int shared) {
-    size_t D = c->dim, F = c->hidden_dim, L = c->n_layers, V = c->vocab_size;
-    size_t d = D / c->n_heads, KVD = d * c->n_kv_heads, T = c->seq_len;
-    TensorSizes t = {{V * D, L * D, L * D * D, L * KVD * D, L * KVD * D, L * D * D,
-                      L * D, L * F * D, L * D * F, L * F * D, D,
-                      T * d / 2, T * d / 2, shared ? 0 : V * D}};
-    return t;
-}
-
-/* A sentence and -1 unless the shape is one this code can run. */
-static int check_config(const Config *c, const char *path) {
-    const int limit = 1 << 24;
-    int dims[HEADER_INTS] = {c->dim, c->hidden_dim, c->n_layers, c->n_heads,
-                             c->n_kv_heads, c->vocab_size, c->seq_len};
-    static const char *names[HEADER_INTS] = {"dim", "hidden_dim", "n_layers", "n_heads",
-                                            "n_kv_heads", "vocab_size", "seq_len"};
-    for (int i = 0; i < HEADER_INTS; i++)
-        if (dims[i] <= 0 || dims[i] > limit) {
-            fprintf(stderr, "error: %s: %s = %d is out of range (1..%d)\n", path, names[i], dims[i], limit);
-            return -1;
-        }
-    double D = c->dim, F = c->hidden_dim, L = c->n_layers, V = c->vocab_size, T = c->seq_len;
-    double floats = V * D * 2 + L * (4 * D * D + 3 * D * F + 2 * D) + T * D + D;
-    if (floats > 1e11) {  /* also keeps every size_t product below well within range */
-        fprintf(stderr, "error: %s: a model of these dimensions (about %.3g floats) is beyond what this code loads\n",
-                path, floats);
-        return -1;
-    }
-    if (c->dim % c->n_heads != 0) {
-        fprintf(stderr, "error: %s: dim %d is not a multiple of n_heads %d\n", path, c->dim, c->n_heads);
-        return -1;
-    }
-    if (c->n_heads % c->n_kv_heads != 0) {
-        fprintf(stderr, "error: %s: n_heads %d is not a multiple of n_kv_heads %d\n", path, c->n_heads, c->n_kv_heads);
-        return -1;
-    }
-    if ((c->dim / c->n_heads) % 2 != 0) {
-        fprintf(stderr, "error: %s: head size %d is odd; RoPE needs it even\n", path, c->dim / c->n_heads);
-        return -1;
-    }
-    if (!(c->rope_theta > 1.0f && isfinite(c->rope_theta)) || !(c->norm_eps > 0.0f && c->norm_eps < 1.0f)) {
-        fprintf(stderr, "error: %s: RoPE base %g or RMSNorm epsilon %g is out of range (base > 1, 0 < eps < 1)\n",
-                path, c->rope_theta, c->norm_eps);
-        return -1;
-    }
-    return 0;
-}
-
-void weights_view(const Config *c, int shared, float *base, Weights *w) {
-    TensorSizes t = tensor_sizes(c, shared);
-    float **views[] = {&w->token_embedding, &w->rms_att, &w->wq, &w->wk, &w->wv,
-                       &w->wo, &w->rms_ffn, &w->w1, &w->w2, &w->w3, &w->rms_final};
-    float *p = base;
-    for (int i = 0; i <= T_RMS_FINAL; i++) { *views[i] = p; p += t.count[i]; }
-    w->wcls = shared ? w->token_embedding : p;
-}
-
-void model_refresh(Model *m) {
-    weights_view(&m->config, m->shared_classifier, m->params, &m->w);
-    uint64_t h = fnv1a(FNV_OFFSET, &m->config, sizeof(Config));
-    h = fnv1a(h, &m->shared_classifier, sizeof(int));
-    m->fingerprint = fnv1a(h, m->params, m->n_params * sizeof(float));
-}
-
-static size_t model_param_count(const Config *c, int shared) {
-    TensorSizes t = tensor_sizes(c, shared);
-    size_t n = 0;
-    for (int i = 0; i < T_COUNT; i++)
-        if (i != T_ROPE_REAL && i != T_ROPE_IMAG) n += t.count[i];
-    return n;
+static CheckpointLayout checkpoint_layout(const Config *c, int shared) {
+    size_t cls = shared ? 0 : (size_t)c->vocab_size * c->dim;
+    return (CheckpointLayout){model_param_count(c, shared) - cls, (size_t)c->seq_len * (c->dim / c->n_heads) / 2, cls};
 }
 
 size_t first_nonfinite(const float *x, size_t n) {
@@ -230,11 +166,9 @@ static int model_load_llama2c(Model *m, const char *path) {
     Config c = {h[0], h[1], h[2], h[3], h[4], h[5] == INT_MIN ? 0 : abs(h[5]), h[6], LLAMA2C_ROPE_THETA,
                 LLAMA2C_NORM_EPS};
     int shared = h[5] > 0;
-    if (check_config(&c, path) != 0) { free(buf); return -1; }
-    TensorSizes t = tensor_sizes(&c, shared);
-    size_t floats = 0;
-    for (int i = 0; i < T_COUNT; i++) floats += t.count[i];
-    size_t expected = sizeof(h) + floats * sizeof(float);
+    if (config_check(&c, path) != 0) { free(buf); return -1; }
+    CheckpointLayout t = checkpoint_layout(&c, shared);
+    size_t expected = sizeof(h) + (t.before_rope + 2 * t.rope + t.cls) * sizeof(float);
     if (size != expected) {
         fprintf(stderr, "error: %s is %zu bytes but its header (dim %d, hidden %d, layers %d, heads %d/%d, "
                 "vocab %d, seq_len %d) needs %zu bytes; the file is %s\n", path, size, c.dim, c.hidden_dim,
@@ -247,16 +181,10 @@ static int model_load_llama2c(Model *m, const char *path) {
     m->shared_classifier = shared;
     m->n_params = model_param_count(&c, shared);
     m->params = xmalloc(m->n_params * sizeof(float));
-    /* copy every tensor but the two RoPE tables, which we recompute */
+    /* every tensor but the two RoPE tables, which forward recomputes */
     const float *src = (const float *)(buf + sizeof(h));
-    float *dst = m->params;
-    for (int i = 0; i < T_COUNT; i++) {
-        if (i != T_ROPE_REAL && i != T_ROPE_IMAG) {
-            memcpy(dst, src, t.count[i] * sizeof(float));
-            dst += t.count[i];
-        }
-        src += t.count[i];
-    }
+    memcpy(m->params, src, t.before_rope * sizeof(float));
+    memcpy(m->params + t.before_rope, src + t.before_rope + 2 * t.rope, t.cls * sizeof(float));
     free(buf);
     size_t bad = first_nonfinite(m->params, m->n_params);
     if (bad < m->n_params) {
@@ -321,7 +249,7 @@ static int model_load_gguf(Model *m, const char *path) {
     if (gguf_llama_config(&g, &lc) != 0) { gguf_close(&g); return -1; }
     Config c = {lc.dim, lc.hidden_dim, lc.n_layers, lc.n_heads, lc.n_kv_heads, lc.vocab_size, lc.context_length,
                 lc.rope_theta, lc.rms_eps};
-    if (check_config(&c, path) != 0) { gguf_close(&g); return -1; }
+    if (config_check(&c, path) != 0) { gguf_close(&g); return -1; }
     m->config = c;
     m->shared_classifier = lc.tied_embeddings;
     m->n_params = model_param_count(&c, m->shared_classifier);
@@ -356,23 +284,6 @@ int model_load(Model *m, const char *path) {
     return is_gguf_file(path) ? model_load_gguf(m, path) : model_load_llama2c(m, path);
 }
 
-int model_init_random(Model *m, Config c, int shared, uint64_t seed, float std) {
-    memset(m, 0, sizeof(*m));
-    if (check_config(&c, "random model") != 0) return -1;
-    m->config = c;
-    m->shared_classifier = shared;
-    m->n_params = model_param_count(&c, shared);
-    m->params = xmalloc(m->n_params * sizeof(float));
-    model_refresh(m);
-    uint64_t rng = seed ? seed : 1;
-    for (size_t i = 0; i < m->n_params; i++) m->params[i] = std * rng_normal(&rng);
-    size_t LD = (size_t)c.n_layers * c.dim;
-    for (size_t i = 0; i < LD; i++) m->w.rms_att[i] = m->w.rms_ffn[i] = 1.0f;
-    for (int i = 0; i < c.dim; i++) m->w.rms_final[i] = 1.0f;
-    model_refresh(m);
-    return 0;
-}
-
 int model_save(const Model *m, const char *path) {
     const Config *c = &m->config;
     if (c->rope_theta != LLAMA2C_ROPE_THETA || c->norm_eps != LLAMA2C_NORM_EPS) {
@@ -383,39 +294,21 @@ int model_save(const Model *m, const char *path) {
     }
     int h[HEADER_INTS] = {c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads,
                           m->shared_classifier ? c->vocab_size : -c->vocab_size, c->seq_len};
-    TensorSizes t = tensor_sizes(c, m->shared_classifier);
+    CheckpointLayout t = checkpoint_layout(c, m->shared_classifier);
     /* RoPE tables as llama2.c's export writes them: cos and sin of pos * freq_i */
     int d = c->dim / c->n_heads;
-    float *rope = xmalloc(2 * t.count[T_ROPE_REAL] * sizeof(float));
+    float *rope = xmalloc(2 * t.rope * sizeof(float));
     for (int pos = 0; pos < c->seq_len; pos++)
         for (int i = 0; i < d / 2; i++) {
             float angle = pos * (1.0f / powf(LLAMA2C_ROPE_THETA, (2.0f * i) / d));
             rope[pos * (d / 2) + i] = cosf(angle);
-            rope[t.count[T_ROPE_REAL] + pos * (d / 2) + i] = sinf(angle);
+            rope[t.rope + pos * (d / 2) + i] = sinf(angle);
         }
-    size_t before_rope = 0;
-    for (int i = 0; i < T_ROPE_REAL; i++) before_rope += t.count[i];
-    const void *parts[4] = {h, m->params, rope, m->params + before_rope};
-    size_t sizes[4] = {sizeof(h), before_rope * sizeof(float), 2 * t.count[T_ROPE_REAL] * sizeof(float),
-                       t.count[T_CLS] * sizeof(float)};
+    const void *parts[4] = {h, m->params, rope, m->params + t.before_rope};
+    size_t sizes[4] = {sizeof(h), t.before_rope * sizeof(float), 2 * t.rope * sizeof(float), t.cls * sizeof(float)};
     int rc = write_file_atomic(path, parts, sizes, 4);
     free(rope);
     return rc;
-}
-
-void model_free(Model *m) {
-    free(m->params);
-    memset(m, 0, sizeof(*m));
-}
-
-int check_tokens(const Model *m, const int *tokens, int n, const char *what) {
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= m->config.vocab_size) {
-            fprintf(stderr, "error: %s: token id %d at position %d is outside the vocabulary [0, %d)\n",
-                    what, tokens[i], i, m->config.vocab_size);
-            return -1;
-        }
-    return 0;
 }
 
 /* ------------------------------------------------------------------------ */

@@ -14,9 +14,14 @@
  * the GPU against cuBLAS sgemm, and module fitting on the GPU against the
  * CPU.
  */
-#include "nectar.h"
+#include "../nectar.h"
+#include "../src/cli.h"
+#include "../src/eval.h"
+#include "../src/formats.h"
+#include "../src/parallel.h"
+#include "../src/util.h"
 #ifdef NECTAR_CUDA
-#include "nectar_cuda.h"
+#include "../nectar_cuda.h"
 #endif
 
 #include <cblas.h>
@@ -214,7 +219,7 @@ static Measure measure(const Model *m, RunKind kind, const int *doc_ids, int n, 
 
 /* sgemm's C (M, N) = A (M, K) B^T, B stored (N, K) as the model's weights,
  * on the pool's threads: C's columns in two tasks per thread, each a
- * single-threaded OpenBLAS product, as nectar.c splits its products. */
+ * single-threaded OpenBLAS product, as src/kernels.c splits its products. */
 typedef struct { int M, N, K, cols; const float *A, *B; float *C; } SplitSgemm;
 
 static void split_sgemm_task(void *ctx, int task) {

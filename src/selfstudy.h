@@ -10,7 +10,8 @@
 #ifndef SELFSTUDY_H
 #define SELFSTUDY_H
 
-#include "nectar.h"
+#include "../nectar.h"
+#include "tokenizer.h"
 
 typedef struct {
     int n_spans;          /* document spans and continuations */

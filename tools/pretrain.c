@@ -13,7 +13,13 @@
  * gradients are summed in a fixed order).
  */
 #include "corpus.h"
-#include "nectar.h"
+#include "../nectar.h"
+#include "../src/cli.h"
+#include "../src/eval.h"
+#include "../src/formats.h"
+#include "../src/parallel.h"
+#include "../src/tokenizer.h"
+#include "../src/util.h"
 
 #include <errno.h>
 #include <math.h>

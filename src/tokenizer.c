@@ -15,8 +15,10 @@
  * The chat template: ChatML, where a GGUF file's tokenizer.chat_template uses
  * it; the document goes into the user's turn, before the question.
  */
-#include "nectar.h"
+#include "tokenizer.h"
+#include "formats.h"
 #include "gguf.h"
+#include "util.h"
 
 #include <errno.h>
 #include <limits.h>

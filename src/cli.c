@@ -3,7 +3,8 @@
  * with an ETA on stderr, and the metrics of an evaluation as a table or as
  * JSON on stdout.
  */
-#include "nectar.h"
+#include "cli.h"
+#include "util.h"
 
 #include <errno.h>
 #include <limits.h>

@@ -5,7 +5,7 @@
  * documents back into facts), documents, tasks, samples.
  */
 #include "corpus.h"
-#include "nectar.h"
+#include "../src/util.h"
 
 #include <stdio.h>
 #include <string.h>

@@ -5,7 +5,7 @@
  * compete with the pool's for the same cores (after a call they spin,
  * waiting for the next one, while the pool's threads want to run the loops
  * between the calls). So the pool is the only parallelism: the products of
- * nectar.c split their output over it, and so do the loops around them.
+ * src/kernels.c split their output over it, and so do the loops around them.
  *
  * How a parallel_for runs: the caller writes the job (task, ctx), then one
  * 64-bit ticket, (generation << 40) | (n_tasks << 20) | next task, then the
@@ -20,7 +20,8 @@
  * sleeping thread costs more than one of them), then sleeps on a condition
  * variable.
  */
-#include "nectar.h"
+#include "parallel.h"
+#include "util.h"
 
 #include <cblas.h>
 #include <pthread.h>

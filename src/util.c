@@ -1,8 +1,7 @@
-/* util.c - small utilities: checked allocation, time, copying strided rows,
- * hashing (FNV-1a), random numbers (xorshift*, as llama2.c), and sampling a
- * token from logits (greedy, temperature, top-p, as llama2.c).
+/* util.c - small utilities of the core: checked allocation, time, copying
+ * strided rows, hashing (FNV-1a), random numbers (xorshift*, as llama2.c).
  */
-#include "nectar.h"
+#include "util.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -78,48 +77,4 @@ int argmax(const float *x, int n) {
     int best = 0;
     for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i;
     return best;
-}
-
-/* ------------------------------------------------------------------------ */
-/* Sampling: greedy, temperature, top-p (as llama2.c)                       */
-
-void sampler_init(Sampler *s, int vocab_size, float temperature, float topp, uint64_t seed) {
-    s->temperature = temperature;
-    s->topp = topp;
-    s->rng = seed ? seed : 1;
-    s->cand = xmalloc(vocab_size * sizeof(Candidate));
-}
-
-void sampler_free(Sampler *s) { free(s->cand); }
-
-static int compare_candidates(const void *a, const void *b) {
-    float pa = ((const Candidate *)a)->prob, pb = ((const Candidate *)b)->prob;
-    return (pa < pb) - (pa > pb);  /* descending */
-}
-
-int sample(Sampler *s, const float *logits, int n) {
-    if (s->temperature == 0.0f) return argmax(logits, n);
-    /* p = softmax(logits / temperature) */
-    float max = logits[argmax(logits, n)], sum = 0.0f;
-    for (int i = 0; i < n; i++) {
-        s->cand[i].prob = expf((logits[i] - max) / s->temperature);
-        s->cand[i].index = i;
-        sum += s->cand[i].prob;
-    }
-    for (int i = 0; i < n; i++) s->cand[i].prob /= sum;
-    float r = rng_uniform(&s->rng);
-    int count = n;
-    if (s->topp > 0.0f && s->topp < 1.0f) {
-        /* top-p: the smallest set of most likely tokens with mass >= topp */
-        qsort(s->cand, n, sizeof(Candidate), compare_candidates);
-        float mass = 0.0f;
-        for (count = 0; count < n && mass < s->topp; count++) mass += s->cand[count].prob;
-        r *= mass;
-    }
-    float cdf = 0.0f;
-    for (int i = 0; i < count; i++) {
-        cdf += s->cand[i].prob;
-        if (r < cdf) return s->cand[i].index;
-    }
-    return s->cand[count - 1].index;
 }

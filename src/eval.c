@@ -1,0 +1,536 @@
+/* eval.c - the held-out metrics of a module set against the full cache and
+ * no document, generations many at a time, the answers a user sees, and
+ * sampling. Above the core: it runs the method's forward passes and
+ * reports progress on the command line.
+ */
+#include "eval.h"
+#include "cli.h"
+#include "util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+
+/* A progress line with an ETA for a long loop, shown once it has run 2 s
+ * (a short one, as in the tests, stays quiet). */
+typedef struct { const char *what; int total, done, shown; double t0; } EvalProgress;
+
+static EvalProgress eval_progress_start(const char *what, int total) {
+    return (EvalProgress){what, total, 0, 0, now_seconds()};
+}
+
+static void eval_progress_step(EvalProgress *p) {
+    p->done++;
+    if (now_seconds() - p->t0 < 2) return;
+    print_progress(p->what, p->done, p->total, p->t0);
+    p->shown = 1;
+}
+
+static void eval_progress_end(const EvalProgress *p) {
+    if (p->shown) fputc('\n', stderr);
+}
+
+/* What an evaluation sums over prompts: next-token counts and KLs, and
+ * the modules' errors. */
+typedef struct {
+    long positions, hits_full, hits_nectar, hits_nodoc, agree, agree_nodoc;
+    double kl, kl_nodoc;
+    double *score_se, *target_se; /* (L) sums of (a - alpha)^2 and ||A_theta - A||^2 */
+    double *rte_sum;            /* (L, H) sums of log(||A_theta - A||^2 / ||q - A||^2) */
+    long *layer_samples;        /* (L) module evaluations per layer */
+} Sums;
+
+static void sums_clear(Sums *s, int L, int H) {
+    s->positions = s->hits_full = s->hits_nectar = s->hits_nodoc = s->agree = s->agree_nodoc = 0;
+    s->kl = s->kl_nodoc = 0;
+    memset(s->score_se, 0, L * sizeof(double));
+    memset(s->target_se, 0, L * sizeof(double));
+    memset(s->rte_sum, 0, (size_t)L * H * sizeof(double));
+    memset(s->layer_samples, 0, L * sizeof(long));
+}
+
+static void sums_alloc(Sums *s, int L, int H) {
+    memset(s, 0, sizeof(*s));
+    s->score_se = xmalloc(L * sizeof(double));
+    s->target_se = xmalloc(L * sizeof(double));
+    s->rte_sum = xmalloc((size_t)L * H * sizeof(double));
+    s->layer_samples = xmalloc(L * sizeof(long));  /* xmalloc zeroes */
+}
+
+static void sums_free(Sums *s) { free(s->score_se); free(s->target_se); free(s->rte_sum); free(s->layer_samples); }
+
+static void sums_add(Sums *to, const Sums *from, int L, int H) {
+    to->positions += from->positions; to->hits_full += from->hits_full; to->hits_nectar += from->hits_nectar;
+    to->hits_nodoc += from->hits_nodoc; to->agree += from->agree; to->agree_nodoc += from->agree_nodoc;
+    to->kl += from->kl; to->kl_nodoc += from->kl_nodoc;
+    for (int l = 0; l < L; l++) {
+        to->score_se[l] += from->score_se[l]; to->target_se[l] += from->target_se[l];
+        to->layer_samples[l] += from->layer_samples[l];
+        for (int h = 0; h < H; h++) to->rte_sum[l * H + h] += from->rte_sum[l * H + h];
+    }
+}
+
+/* The three models of an evaluation, their scratch, one prompt's sums, and
+ * the sums of each split (0: every prompt, 1: the challenge split). */
+typedef struct {
+    Document full, nectar;
+    RunState sf, sn, s0;        /* full cache (with taps), Nectar, no document */
+    ModuleWork work;
+    int max_len;
+    int *nodoc_input;           /* (n_nodoc_prefix + max_len) a prompt after the no-document prefix */
+    float *q, *a, *A;           /* (max_len group, d), (max_len group), (max_len group, d) */
+    double *lp_full, *lp_other; /* (V) log-probabilities */
+    Sums prompt, split[2];
+} Evaluation;
+
+static void evaluation_start(Evaluation *e, const Model *m, const DocCache *doc, const ModuleSet *ms,
+                             const PromptSet *prompts, int max_len) {
+    const Config *c = &m->config;
+    int L = c->n_layers, H = c->n_heads, d = c->dim / H, group = H / c->n_kv_heads, V = c->vocab_size;
+    memset(e, 0, sizeof(*e));
+    e->full = (Document){DOC_EXACT, doc->n, doc, NULL};
+    e->nectar = (Document){DOC_NECTAR, ms->n_doc, NULL, ms};
+    e->max_len = max_len;
+    runstate_alloc(&e->sf, m, &e->full, max_len, max_len);
+    runstate_enable_taps(&e->sf, m);
+    runstate_alloc(&e->sn, m, &e->nectar, max_len, max_len);
+    int nodoc_len = prompts->n_nodoc_prefix + max_len;
+    runstate_alloc(&e->s0, m, &NO_DOCUMENT, nodoc_len, nodoc_len);
+    modulework_alloc(&e->work, ms, max_len * group);
+    e->nodoc_input = xmalloc(nodoc_len * sizeof(int));
+    e->a = xmalloc((size_t)max_len * group * sizeof(float));
+    e->A = xmalloc((size_t)max_len * group * d * sizeof(float));
+    e->q = xmalloc((size_t)max_len * group * d * sizeof(float));
+    e->lp_full = xmalloc(V * sizeof(double));
+    e->lp_other = xmalloc(V * sizeof(double));
+    sums_alloc(&e->prompt, L, H);
+    sums_alloc(&e->split[0], L, H);
+    sums_alloc(&e->split[1], L, H);
+}
+
+static void evaluation_free(Evaluation *e) {
+    free(e->nodoc_input); free(e->a); free(e->A); free(e->q); free(e->lp_full); free(e->lp_other);
+    sums_free(&e->prompt); sums_free(&e->split[0]); sums_free(&e->split[1]);
+    modulework_free(&e->work);
+    runstate_free(&e->sf); runstate_free(&e->sn); runstate_free(&e->s0);
+}
+
+/* Without the document a prompt starts a sequence: the set's no-document
+ * prefix (BOS, or the chat turn's opening) goes first, unless the prompt
+ * starts with it. The prompt after it into out; returns the prefix's length. */
+static int after_nodoc_prefix(const PromptSet *p, const int *prompt, int len, int *out) {
+    int k = p->n_nodoc_prefix;
+    if (k > 0 && len >= k && !memcmp(prompt, p->nodoc_prefix, k * sizeof(int))) k = 0;
+    if (k > 0) memcpy(out, p->nodoc_prefix, k * sizeof(int));
+    memcpy(out + k, prompt, len * sizeof(int));
+    return k;
+}
+
+/* One prompt through the full-cache, Nectar and no-document models: the
+ * next-token predictions at positions 0 .. len-2 against the true next
+ * token and against the full cache's, into e->prompt. */
+static int count_next_tokens(Evaluation *e, const Model *m, const PromptSet *p, const int *prompt, int len) {
+    Sums *r = &e->prompt;
+    int V = m->config.vocab_size;
+    int prefix = after_nodoc_prefix(p, prompt, len, e->nodoc_input);
+    if (forward(m, &e->sf, &e->full, prompt, len, 0, LOGITS_ALL) != 0 ||
+        forward(m, &e->sn, &e->nectar, prompt, len, 0, LOGITS_ALL) != 0 ||
+        forward(m, &e->s0, &NO_DOCUMENT, e->nodoc_input, prefix + len, 0, LOGITS_ALL) != 0) return -1;
+    for (int t = 0; t + 1 < len; t++) {
+        const float *lf = e->sf.logits + (size_t)t * V, *ln = e->sn.logits + (size_t)t * V;
+        const float *l0 = e->s0.logits + (size_t)(t + prefix) * V;
+        int top_full = argmax(lf, V), top_nectar = argmax(ln, V), top_nodoc = argmax(l0, V);
+        int truth = prompt[t + 1];
+        r->hits_full += top_full == truth;
+        r->hits_nectar += top_nectar == truth;
+        r->hits_nodoc += top_nodoc == truth;
+        r->agree += top_nectar == top_full;
+        r->agree_nodoc += top_nodoc == top_full;
+        log_softmax(lf, V, e->lp_full);
+        log_softmax(ln, V, e->lp_other);
+        r->kl += kl_divergence(e->lp_full, e->lp_other, V);
+        log_softmax(l0, V, e->lp_other);
+        r->kl_nodoc += kl_divergence(e->lp_full, e->lp_other, V);
+        r->positions++;
+    }
+    return 0;
+}
+
+/* The modules on the queries the full-cache model just saw (its taps),
+ * against the exact document state at each of the len positions, into
+ * e->prompt. */
+static void count_module_fit(Evaluation *e, const Model *m, const ModuleSet *ms, int len) {
+    Sums *r = &e->prompt;
+    const Config *c = &m->config;
+    int L = c->n_layers, H = c->n_heads, G = c->n_kv_heads, D = c->dim, d = D / H, group = H / G;
+    for (int l = 0; l < L; l++)
+        for (int g = 0; g < G; g++) {
+            const float *tq = e->sf.taps.q + (size_t)l * e->max_len * D;
+            const float *tA = e->sf.taps.doc_A + (size_t)l * e->max_len * D;
+            const float *tlse = e->sf.taps.doc_lse + (size_t)l * e->max_len * H;
+            copy_rows(e->q, group * d, tq + g * group * d, D, len, group * d);
+            module_forward(ms, &ms->modules[l * G + g], &e->work, e->q, len * group, e->a, e->A);
+            for (int t = 0; t < len; t++)
+                for (int j = 0; j < group; j++) {
+                    int h = g * group + j;
+                    size_t row = (size_t)t * group + j;
+                    const float *Aref = tA + (size_t)t * D + h * d, *qh = e->q + row * d;
+                    double da = e->a[row] - tlse[(size_t)t * H + h], err = 0, base = 0;
+                    for (int k = 0; k < d; k++) {
+                        double diff = e->A[row * d + k] - Aref[k], b = qh[k] - Aref[k];
+                        err += diff * diff;
+                        base += b * b;
+                    }
+                    r->score_se[l] += da * da;
+                    r->target_se[l] += err;
+                    /* log(||A_theta - A||^2 / ||q - A||^2), guarded against log 0 */
+                    r->rte_sum[l * H + h] += log((err + 1e-30) / (base + 1e-30));
+                    r->layer_samples[l]++;
+                }
+        }
+}
+
+/* A split's sums into its means; RTE as exp of the mean over (layer,
+ * query head) groups of their mean log ratio. */
+static void evaluation_means(const Sums *e, int L, int H, EvalResult *r) {
+    r->n_positions = (int)e->positions;
+    if (r->n_positions == 0) return;
+    double n = r->n_positions;
+    r->acc_full = e->hits_full / n; r->acc_nectar = e->hits_nectar / n; r->acc_nodoc = e->hits_nodoc / n;
+    r->agree = e->agree / n; r->agree_nodoc = e->agree_nodoc / n;
+    r->kl = e->kl / n; r->kl_nodoc = e->kl_nodoc / n;
+    long total = 0;
+    double log_rte = 0;
+    for (int l = 0; l < L; l++) {
+        r->score_mse += e->score_se[l];
+        r->target_mse += e->target_se[l];
+        total += e->layer_samples[l];
+        r->score_mse_layer[l] = e->score_se[l] / e->layer_samples[l];
+        r->target_mse_layer[l] = e->target_se[l] / e->layer_samples[l];
+        /* each (layer, head) has layer_samples[l] / H queries */
+        for (int h = 0; h < H; h++) log_rte += e->rte_sum[l * H + h] / (e->layer_samples[l] / H);
+    }
+    r->score_mse /= total;
+    r->target_mse /= total;
+    r->rte = exp(log_rte / (L * H));
+    r->n_queries = total;
+}
+
+/* What evaluate checks first: the modules are the document's, the
+ * document (or the no-document prefix) and the longest prompt fit the
+ * context, the prefix's and the prompts' ids the vocabulary. 0, or -1 after
+ * a sentence. */
+static int evaluation_check(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
+                            int max_len) {
+    const Config *c = &m->config;
+    int K = prompts->n_nodoc_prefix;
+    if (ms->n_doc != doc->n) {
+        fprintf(stderr, "error: the modules stand for a document of %d tokens, not %d\n", ms->n_doc, doc->n);
+        return -1;
+    }
+    if ((doc->n > K ? doc->n : K) + max_len > c->seq_len) {
+        fprintf(stderr, "error: the document (%d tokens; without it, the prompts' prefix of %d) plus the longest "
+                "prompt (%d) exceed the context of %d\n", doc->n, K, max_len, c->seq_len);
+        return -1;
+    }
+    if (check_tokens(m, prompts->nodoc_prefix, K, "no-document prefix") != 0) return -1;
+    for (int i = 0; i < prompts->n_prompts; i++)
+        if (check_tokens(m, prompts->tokens + prompts->offsets[i], prompts->offsets[i + 1] - prompts->offsets[i],
+                         "evaluation prompt") != 0) return -1;
+    return 0;
+}
+
+static int evaluate_answers(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
+                            EvalResult *r, EvalResult *challenge);  /* below, after the rollouts */
+
+int evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
+             EvalResult *all, EvalResult *challenge) {
+    int L = m->config.n_layers, H = m->config.n_heads;
+    EvalResult *split[2] = {all, challenge};
+    for (int k = 0; k < 2; k++) {
+        memset(split[k], 0, sizeof(EvalResult));
+        split[k]->score_mse_layer = xmalloc(L * sizeof(double));
+        split[k]->target_mse_layer = xmalloc(L * sizeof(double));
+    }
+    int max_len = promptset_max_len(prompts), rc = evaluation_check(m, doc, ms, prompts, max_len);
+    if (rc == 0) {
+        Evaluation e;
+        evaluation_start(&e, m, doc, ms, prompts, max_len);
+        EvalProgress progress = eval_progress_start("evaluation: prompts", prompts->n_prompts);
+        for (int i = 0; i < prompts->n_prompts && rc == 0; i++) {
+            int len = prompts->offsets[i + 1] - prompts->offsets[i];
+            sums_clear(&e.prompt, L, H);
+            rc = count_next_tokens(&e, m, prompts, prompts->tokens + prompts->offsets[i], len);
+            if (rc == 0) count_module_fit(&e, m, ms, len);
+            for (int k = 0; k < 2 && rc == 0; k++)
+                if (k == 0 || prompts->challenge[i]) {
+                    sums_add(&e.split[k], &e.prompt, L, H);
+                    split[k]->n_prompts++;
+                }
+            eval_progress_step(&progress);
+        }
+        eval_progress_end(&progress);
+        for (int k = 0; k < 2 && rc == 0; k++) evaluation_means(&e.split[k], L, H, split[k]);
+        evaluation_free(&e);
+    }
+    /* the challenge split's sums are parts of these: a term that is not finite makes every sum it is in so */
+    if (rc == 0 && (!isfinite(all->kl) || !isfinite(all->score_mse) || !isfinite(all->target_mse) ||
+                    !isfinite(all->rte))) {
+        fprintf(stderr, "error: the modules' outputs on the held-out prompts are not finite (KL %g, score MSE %g, "
+                "target MSE %g): they diverged in fitting or are corrupt\n", all->kl, all->score_mse, all->target_mse);
+        rc = -1;
+    }
+    if (rc == 0) rc = evaluate_answers(m, doc, ms, prompts, all, challenge);
+    if (rc != 0) { evalresult_free(all); evalresult_free(challenge); }
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Answers: greedy rollouts after each question                            */
+
+/* The next token of rollout r from logits row `row` (argmax, or drawn by
+ * the sampler): appended; 1 when the rollout goes on (no stop token, below
+ * its cap). */
+static int rollout_next(const Model *m, const RunState *s, int row, const int stop[2], Sampler *sampler,
+                        Rollout *r) {
+    const float *logits = s->logits + (size_t)row * m->config.vocab_size;
+    int next = sampler ? sample(sampler, logits, m->config.vocab_size) : argmax(logits, m->config.vocab_size);
+    r->answer[r->len++] = next;
+    return next != stop[0] && next != stop[1] && r->len < r->cap;
+}
+
+/* The questions of the rollouts `idx` (count) in blocks of at most
+ * s->max_block rows, rollout idx[j] in sequence j, and each one's first
+ * token; live[j] says whether it goes on. */
+static int rollouts_prefill(const Model *m, RunState *s, const Document *doc, const int stop[2], Sampler *sampler,
+                            Rollout *r, const int *idx, int count, Segment *seg, unsigned char *live) {
+    for (int j = 0; j < count;) {
+        int in_block = 0, rows = 0;
+        for (; j + in_block < count && rows + r[idx[j + in_block]].n_question <= s->max_block; in_block++) {
+            const Rollout *q = &r[idx[j + in_block]];
+            seg[in_block] = (Segment){q->question, q->n_question, j + in_block, 0};
+            rows += q->n_question;
+        }
+        if (in_block == 0) {
+            fprintf(stderr, "error: a question of %d tokens does not fit a block of %d\n", r[idx[j]].n_question,
+                    s->max_block);
+            return -1;
+        }
+        if (forward_segments(m, s, doc, seg, in_block, LOGITS_LAST) != 0) return -1;
+        for (int k = 0; k < in_block; k++) live[j + k] = rollout_next(m, s, k, stop, sampler, &r[idx[j + k]]);
+        j += in_block;
+    }
+    return 0;
+}
+
+int rollouts(const Model *m, RunState *s, const Document *doc, const int stop[2], Sampler *sampler, Rollout *r,
+             int n) {
+    int *idx = xmalloc((n + 1) * sizeof(int)), count = 0;   /* (n) the rollouts with a question and room */
+    for (int k = 0; k < n; k++) {
+        r[k].len = 0;
+        if (r[k].n_question >= 1 && r[k].cap >= 1) idx[count++] = k;
+    }
+    if (count > s->n_seqs) {
+        fprintf(stderr, "error: %d rollouts need as many sequences; the run state has %d\n", count, s->n_seqs);
+        free(idx);
+        return -1;
+    }
+    Segment *seg = xmalloc((count + 1) * sizeof(Segment));  /* (count) */
+    unsigned char *live = xmalloc(count + 1);               /* (count) 1: rollout idx[j] goes on */
+    int *step = xmalloc((count + 1) * sizeof(int));         /* (count) the live ones in a decode step */
+    int rc = rollouts_prefill(m, s, doc, stop, sampler, r, idx, count, seg, live);
+    while (rc == 0) {  /* one decode step of every live rollout (up to a block of them), as one block */
+        int in_step = 0;
+        for (int j = 0; j < count && in_step < s->max_block; j++)
+            if (live[j]) {
+                Rollout *q = &r[idx[j]];
+                seg[in_step] = (Segment){&q->answer[q->len - 1], 1, j, q->n_question + q->len - 1};
+                step[in_step++] = j;
+            }
+        if (in_step == 0) break;
+        rc = forward_segments(m, s, doc, seg, in_step, LOGITS_LAST);
+        for (int k = 0; k < in_step && rc == 0; k++)
+            live[step[k]] = rollout_next(m, s, k, stop, sampler, &r[idx[step[k]]]);
+    }
+    free(idx); free(seg); free(live); free(step);
+    return rc;
+}
+
+double answer_prefix_fraction(const int *ref, int n_ref, const int *got, int n_got) {
+    int k = 0;
+    while (k < n_ref && k < n_got && ref[k] == got[k]) k++;
+    return n_ref > 0 ? (double)k / n_ref : 1.0;
+}
+
+/* The prompts with a question part (none when answers may have no token):
+ * their count, and the longest question. */
+static int answer_prompts(const PromptSet *p, int *max_question) {
+    int count = 0;
+    *max_question = 1;
+    for (int i = 0; p->question_len && p->answer_cap > 0 && i < p->n_prompts; i++) {
+        if (p->question_len[i] == 0) continue;
+        count++;
+        if (p->question_len[i] > *max_question) *max_question = p->question_len[i];
+    }
+    return count;
+}
+
+/* Run k's answers (0 full cache, 1 Nectar, 2 no document) to the prompts
+ * r->answer_prompt, ROLLOUT_BATCH at a time; the no-document model reads
+ * each question after the set's prefix (nodoc_input: (n_answers, stride)). */
+enum { ROLLOUT_BATCH = 16 };
+static int answer_run(const Model *m, const Document *run, int k, const PromptSet *p, const int *nodoc_input,
+                      int stride, int max_question, int cap, EvalResult *r, EvalProgress *progress) {
+    RunState s;
+    int block = max_question > ROLLOUT_BATCH ? max_question : ROLLOUT_BATCH, rc = 0;
+    runstate_alloc_seqs(&s, m, run, block, max_question + cap, ROLLOUT_BATCH);
+    Rollout batch[ROLLOUT_BATCH];
+    for (int first = 0; first < r->n_answers && rc == 0; first += ROLLOUT_BATCH) {
+        int n = r->n_answers - first < ROLLOUT_BATCH ? r->n_answers - first : ROLLOUT_BATCH;
+        for (int j = 0; j < n; j++) {
+            int a = first + j, i = r->answer_prompt[a], nq = p->question_len[i];
+            const int *nodoc = nodoc_input + (size_t)a * stride;  /* its length first, then the tokens */
+            batch[j] = (Rollout){k == 2 ? nodoc + 1 : p->tokens + p->offsets[i], k == 2 ? nodoc[0] : nq, cap,
+                                 r->answer_tokens + ((size_t)a * 3 + k) * r->answer_cap, 0};
+        }
+        rc = rollouts(m, &s, run, p->answer_stop, NULL, batch, n);
+        eval_progress_step(progress);
+        for (int j = 0; j < n && rc == 0; j++) r->answer_len[(size_t)(first + j) * 3 + k] = batch[j].len;
+    }
+    runstate_free(&s);
+    return rc;
+}
+
+/* answer_match: equal token for token (so of equal length); answer_prefix:
+ * the share of the full cache's answer before the first difference. */
+static void answer_means(EvalResult *r) {
+    double match = 0, match_nodoc = 0, prefix = 0;
+    for (int a = 0; a < r->n_answers; a++) {
+        const int *len = r->answer_len + (size_t)a * 3;
+        const int *full = r->answer_tokens + (size_t)a * 3 * r->answer_cap;
+        const int *nectar = full + r->answer_cap, *nodoc = full + 2 * r->answer_cap;
+        match += len[1] == len[0] && !memcmp(nectar, full, len[0] * sizeof(int));
+        match_nodoc += len[2] == len[0] && !memcmp(nodoc, full, len[0] * sizeof(int));
+        prefix += answer_prefix_fraction(full, len[0], nectar, len[1]);
+    }
+    if (r->n_answers == 0) return;
+    r->answer_match = match / r->n_answers;
+    r->answer_match_nodoc = match_nodoc / r->n_answers;
+    r->answer_prefix = prefix / r->n_answers;
+}
+
+/* The challenge split's answers: those of `all` whose prompts are marked. */
+static void challenge_answers(const PromptSet *p, const EvalResult *all, EvalResult *r) {
+    size_t per = (size_t)3 * all->answer_cap;  /* an answer's three rollouts */
+    r->n_answers = 0;
+    r->answer_cap = all->answer_cap;
+    r->answer_prompt = xmalloc((all->n_answers + 1) * sizeof(int));
+    r->answer_len = xmalloc(((size_t)all->n_answers * 3 + 1) * sizeof(int));
+    r->answer_tokens = xmalloc((all->n_answers * per + 1) * sizeof(int));
+    for (int a = 0; a < all->n_answers; a++) {
+        if (!p->challenge[all->answer_prompt[a]]) continue;
+        int b = r->n_answers++;
+        r->answer_prompt[b] = all->answer_prompt[a];
+        memcpy(r->answer_len + (size_t)b * 3, all->answer_len + (size_t)a * 3, 3 * sizeof(int));
+        memcpy(r->answer_tokens + b * per, all->answer_tokens + a * per, per * sizeof(int));
+    }
+    answer_means(r);
+}
+
+/* The answer metrics of r (n_answers, answer_match, answer_match_nodoc,
+ * answer_prefix and the answers themselves): the full-cache, Nectar and
+ * no-document answers (rollouts, greedy; without the document the question
+ * follows the set's nodoc_prefix; one cap for all, shortened where the
+ * context ends) of every prompt with a question part; the challenge split's
+ * are the same rollouts of its prompts. */
+static int evaluate_answers(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
+                            EvalResult *r, EvalResult *challenge) {
+    int max_question, K = prompts->n_nodoc_prefix;
+    r->n_answers = answer_prompts(prompts, &max_question);
+    /* the same cap for all three: where the context ends after the document (or the prefix) */
+    int room = m->config.seq_len - (doc->n > K ? doc->n : K) - max_question;
+    int cap = prompts->answer_cap < room ? prompts->answer_cap : room;
+    if (r->n_answers > 0 && cap < 1) {
+        fprintf(stderr, "error: the document (%d tokens) and the longest question (%d) leave no room for an answer "
+                "in the context of %d\n", doc->n, max_question, m->config.seq_len);
+        return -1;
+    }
+    r->answer_cap = cap > 0 ? cap : 1;
+    r->answer_prompt = xmalloc((r->n_answers + 1) * sizeof(int));
+    r->answer_len = xmalloc(((size_t)r->n_answers * 3 + 1) * sizeof(int));
+    r->answer_tokens = xmalloc(((size_t)r->n_answers * 3 * r->answer_cap + 1) * sizeof(int));
+    if (r->n_answers == 0) { challenge_answers(prompts, r, challenge); return 0; }
+    int stride = 1 + K + max_question, *nodoc_input = xmalloc((size_t)r->n_answers * stride * sizeof(int));
+    for (int i = 0, a = 0; i < prompts->n_prompts; i++) {
+        if (prompts->question_len[i] == 0) continue;
+        int *at = nodoc_input + (size_t)a * stride;  /* (1 + K + max_question): the length, then the tokens */
+        at[0] = after_nodoc_prefix(prompts, prompts->tokens + prompts->offsets[i], prompts->question_len[i], at + 1) +
+                prompts->question_len[i];
+        r->answer_prompt[a++] = i;
+    }
+    Document runs[3] = {{DOC_EXACT, doc->n, doc, NULL}, {DOC_NECTAR, ms->n_doc, NULL, ms}, NO_DOCUMENT};
+    int rc = 0, batches = (r->n_answers + ROLLOUT_BATCH - 1) / ROLLOUT_BATCH;
+    EvalProgress progress = eval_progress_start("evaluation: answer batches (full cache, Nectar, no document)",
+                                                3 * batches);
+    for (int k = 0; k < 3 && rc == 0; k++)
+        rc = answer_run(m, &runs[k], k, prompts, nodoc_input, stride, K + max_question, cap, r, &progress);
+    eval_progress_end(&progress);
+    if (rc == 0) {
+        answer_means(r);
+        challenge_answers(prompts, r, challenge);
+    }
+    free(nodoc_input);
+    return rc;
+}
+
+void evalresult_free(EvalResult *r) {
+    free(r->score_mse_layer); free(r->target_mse_layer);
+    free(r->answer_prompt); free(r->answer_len); free(r->answer_tokens);
+    memset(r, 0, sizeof(*r));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Sampling: greedy, temperature, top-p (as llama2.c)                       */
+
+void sampler_init(Sampler *s, int vocab_size, float temperature, float topp, uint64_t seed) {
+    s->temperature = temperature;
+    s->topp = topp;
+    s->rng = seed ? seed : 1;
+    s->cand = xmalloc(vocab_size * sizeof(Candidate));
+}
+
+void sampler_free(Sampler *s) { free(s->cand); }
+
+static int compare_candidates(const void *a, const void *b) {
+    float pa = ((const Candidate *)a)->prob, pb = ((const Candidate *)b)->prob;
+    return (pa < pb) - (pa > pb);  /* descending */
+}
+
+int sample(Sampler *s, const float *logits, int n) {
+    if (s->temperature == 0.0f) return argmax(logits, n);
+    /* p = softmax(logits / temperature) */
+    float max = logits[argmax(logits, n)], sum = 0.0f;
+    for (int i = 0; i < n; i++) {
+        s->cand[i].prob = expf((logits[i] - max) / s->temperature);
+        s->cand[i].index = i;
+        sum += s->cand[i].prob;
+    }
+    for (int i = 0; i < n; i++) s->cand[i].prob /= sum;
+    float r = rng_uniform(&s->rng);
+    int count = n;
+    if (s->topp > 0.0f && s->topp < 1.0f) {
+        /* top-p: the smallest set of most likely tokens with mass >= topp */
+        qsort(s->cand, n, sizeof(Candidate), compare_candidates);
+        float mass = 0.0f;
+        for (count = 0; count < n && mass < s->topp; count++) mass += s->cand[count].prob;
+        r *= mass;
+    }
+    float cdf = 0.0f;
+    for (int i = 0; i < count; i++) {
+        cdf += s->cand[i].prob;
+        if (r < cdf) return s->cand[i].index;
+    }
+    return s->cand[count - 1].index;
+}

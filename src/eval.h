@@ -1,0 +1,76 @@
+/* eval.h - what the programs measure with the method: the held-out
+ * metrics of modules against the full cache and no document (evaluate),
+ * generations many at a time (rollouts), answers, and sampling (eval.c).
+ */
+#ifndef NECTAR_EVAL_H
+#define NECTAR_EVAL_H
+
+#include "../nectar.h"
+
+typedef struct Sampler Sampler;  /* a token sampler (below) */
+
+typedef struct {
+    int n_prompts, n_positions;   /* prompts, and next-token predictions counted */
+    long n_queries;               /* module evaluations (positions x query heads x layers) */
+    double acc_full, acc_nectar, acc_nodoc;  /* top-1 against the true next token */
+    double agree, agree_nodoc;    /* top-1 equal to the full-cache model's */
+    double kl, kl_nodoc;          /* mean KL(full || other) per position */
+    double score_mse, target_mse; /* mean (a - alpha)^2, mean ||A_theta - A||^2 */
+    double rte;                   /* exp(mean over (layer, query head) of mean log(||A_theta - A||^2 / ||q - A||^2)) */
+    double *score_mse_layer, *target_mse_layer;  /* (L) */
+    /* answers: greedy rollouts after the question part of each prompt that
+     * has one */
+    int n_answers;                /* prompts with a question part */
+    double answer_match;          /* fraction whose Nectar answer equals the full cache's, token for token */
+    double answer_match_nodoc;    /* the same for the no-document model */
+    double answer_prefix;         /* mean fraction of the full cache's answer Nectar reproduces before it diverges */
+    int answer_cap;               /* Acap: the longest answer, the stride below */
+    int *answer_prompt;           /* (n_answers) the prompt's index in the set */
+    int *answer_len;              /* (n_answers, 3) lengths: full cache, Nectar, no document */
+    int *answer_tokens;           /* (n_answers, 3, Acap) the answers */
+} EvalResult;
+
+/* Runs the full-cache, Nectar and no-document models over each prompt of
+ * `prompts` placed after the document, once: the metrics of them all into
+ * `all`, of those marked challenge into `challenge`. Returns -1 with a
+ * message if the modules' outputs are not finite. */
+int  evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
+              EvalResult *all, EvalResult *challenge);
+/* Generations, many at once: rollout k writes tokens after its question (at
+ * local position 0 of sequence j, its place among those with a question and
+ * room), argmax (greedy; sampler NULL) or drawn by the sampler, until one
+ * of stop[2] (kept as the answer's last token) or `cap` tokens. Each step
+ * is one forward_segments of the live rollouts (up to a block of them): one
+ * matrix product per weight for all of them. s needs a sequence per
+ * rollout, a block of the longest question (and of n), and room for
+ * question + cap. 0 (each len set), or -1 with a sentence. */
+typedef struct {
+    const int *question; int n_question;
+    int cap;
+    int *answer;  /* (cap) */
+    int len;      /* out: the answer's length */
+} Rollout;
+int  rollouts(const Model *m, RunState *s, const Document *doc, const int stop[2], Sampler *sampler, Rollout *r,
+               int n);
+/* The fraction of ref's n_ref tokens that got reproduces before the first
+ * token where they differ (1 when ref is empty). */
+double answer_prefix_fraction(const int *ref, int n_ref, const int *got, int n_got);
+void evalresult_free(EvalResult *r);
+
+/* ------------------------------------------------------------------------ */
+/* Sampling: greedy, temperature, top-p (as llama2.c)                       */
+
+typedef struct { float prob; int index; } Candidate;
+struct Sampler {
+    float temperature, topp;
+    uint64_t rng;
+    Candidate *cand;  /* (V) probabilities, sorted for top-p */
+};
+
+void sampler_init(Sampler *s, int vocab_size, float temperature, float topp, uint64_t seed);
+void sampler_free(Sampler *s);
+/* Greedy at temperature 0; else a draw from softmax(logits / temperature),
+ * restricted to the top-p mass when 0 < topp < 1. */
+int  sample(Sampler *s, const float *logits, int n);
+
+#endif

@@ -1,0 +1,39 @@
+/* formats.h - the files the programs read and write (formats.c): models
+ * (llama2.c checkpoints and GGUF files), module files, text and token-id
+ * files.
+ */
+#ifndef NECTAR_FORMATS_H
+#define NECTAR_FORMATS_H
+
+#include "../nectar.h"
+
+/* A model file, told apart by its first bytes: a GGUF file of the Llama
+ * architecture (its weights dequantized to fp32, RoPE base and RMSNorm
+ * epsilon from its metadata), or a llama2.c "v0" checkpoint (seven int32
+ * header fields: dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size,
+ * seq_len, a negative vocab_size meaning an unshared classifier; then the
+ * fp32 tensors). */
+int  model_load(Model *m, const char *path);
+/* 1 when the file starts with GGUF's magic number. */
+int  is_gguf_file(const char *path);
+int  model_save(const Model *m, const char *path);
+
+/* Module files: a fixed header, the module table, the parameters and the
+ * held-out prompts. load refuses a file fitted to another model or
+ * document (fingerprints given; 0 skips that check) with a sentence. */
+int  moduleset_save(const ModuleSet *s, const char *path);
+int  moduleset_load(ModuleSet *s, const char *path, uint64_t model_fp, uint64_t doc_fp);
+
+/* Whitespace-separated integers; returns the count and a malloc'd array. */
+int  read_token_ids(const char *path, int **ids);
+/* A whole text file, NUL-terminated, malloc'd; NULL after a sentence (also
+ * for a file with a NUL byte in it). */
+char *read_text_file(const char *path);
+/* A whole file, malloc'd with a NUL after its last byte; NULL after a sentence. */
+unsigned char *read_file(const char *path, size_t *size);
+/* Writes n_parts buffers to path atomically: a temporary file, then rename. */
+int  write_file_atomic(const char *path, const void *const *parts, const size_t *sizes, int n_parts);
+/* Index of the first NaN or infinity in x (n), or n if every value is finite. */
+size_t first_nonfinite(const float *x, size_t n);
+
+#endif
