@@ -36,7 +36,7 @@ SAN_FLAGS := -O1 -g -pthread -fopenmp-simd -fno-trapping-math -fsanitize=address
 
 .DEFAULT_GOAL := all
 PROGRAMS := infer train pretrain benchmark
-TESTS    := tests/test_core tests/standalone tests/test_corpus tests/random_model tests/test_gguf tests/test_bpe
+TESTS    := tests/test_core tests/standalone tests/test_qa tests/test_corpus tests/random_model tests/test_gguf tests/test_bpe
 
 SMOLLM2 := models/SmolLM2-135M-Instruct.Q4_1.gguf
 
@@ -120,7 +120,7 @@ check-blas:
 # programs share (the rest of src/). test_core and test_cuda_ref include
 # nectar.c itself, to reach its static helpers.
 CORE_SRC := nectar.c src/kernels.c src/parallel.c src/util.c
-LIB_SRC  := $(CORE_SRC) src/eval.c src/formats.c src/gguf.c src/tokenizer.c src/tokenizer_bpe.c src/cli.c
+LIB_SRC  := $(CORE_SRC) src/eval.c src/qa.c src/formats.c src/gguf.c src/tokenizer.c src/tokenizer_bpe.c src/cli.c
 HEADERS  := nectar.h $(wildcard src/*.h) tools/corpus.h tests/check.h tests/gguf_walk.h src/tokenizer_bpe.c
 SRC_infer        := infer.c $(LIB_SRC)
 SRC_train        := train.c src/selfstudy.c $(LIB_SRC)
@@ -129,6 +129,7 @@ SRC_pretrain     := tools/pretrain.c tools/corpus.c $(LIB_SRC)
 SRC_test_core    := tests/test_core.c $(filter-out nectar.c,$(LIB_SRC))
 tests/test_core build-asan/test_core: nectar.c  # included by tests/test_core.c
 SRC_standalone   := tests/standalone.c $(CORE_SRC)
+SRC_test_qa      := tests/test_qa.c $(LIB_SRC)
 SRC_test_corpus  := tests/test_corpus.c tools/corpus.c $(LIB_SRC)
 SRC_random_model := tests/random_model.c $(LIB_SRC)
 SRC_test_gguf    := tests/test_gguf.c src/gguf.c
@@ -144,7 +145,7 @@ $(TESTS) tests/test_real: tests/%: $$(SRC_%) $(HEADERS) | check-blas
 
 # The same programs (and the unit tests) under AddressSanitizer and
 # UndefinedBehaviorSanitizer.
-ASAN_BUILDS := $(addprefix build-asan/,$(PROGRAMS) test_core standalone test_gguf test_bpe)
+ASAN_BUILDS := $(addprefix build-asan/,$(PROGRAMS) test_core standalone test_qa test_gguf test_bpe)
 $(ASAN_BUILDS): build-asan/%: $$(SRC_%) $(HEADERS) | check-blas
 	@mkdir -p build-asan
 	$(CC) $(SAN_FLAGS) -std=c11 -D_GNU_SOURCE $(BLAS_CFLAGS) $(FLAGS_$*) -o $@ $(SRC_$*) $(BLAS_LIBS) $(LDLIBS)
@@ -250,6 +251,7 @@ test: test-unit test-bad-input test-train test-cuda test-asan test-real
 test-unit: $(TESTS)
 	./tests/test_core
 	./tests/standalone
+	./tests/test_qa
 	./tests/test_gguf
 	./tests/test_bpe tests/data
 	./tests/test_corpus > /dev/null
@@ -263,6 +265,7 @@ test-bad-input: $(PROGRAMS) tests/random_model
 test-asan: $(ASAN_BUILDS) tests/random_model
 	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_core > /dev/null
 	ASAN_OPTIONS=detect_leaks=1 ./build-asan/standalone > /dev/null
+	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_qa > /dev/null
 	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_gguf > /dev/null
 	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_bpe tests/data > /dev/null
 	bash tests/test_bad_input.sh build-asan

@@ -9,14 +9,16 @@
  * main reads as its steps: the options; the model, tokenizer, document,
  * modules and prompt; the device (the host, or GPU copies) and the
  * document's KV cache on it; then one mode: generate, --compare (exact,
- * Nectar and no document in turn) or --eval (metrics on the held-out
- * prompts of the module file).
+ * Nectar and no document in turn), --eval (metrics on the held-out
+ * prompts of the module file) or --qa (multiple-choice questions scored by
+ * likelihood).
  */
 #include "nectar.h"
 #include "src/cli.h"
 #include "src/eval.h"
 #include "src/formats.h"
 #include "src/parallel.h"
+#include "src/qa.h"
 #include "src/tokenizer.h"
 #include "src/util.h"
 #ifdef NECTAR_CUDA
@@ -50,10 +52,15 @@ static void usage(FILE *f) {
         "                 -d, -D or -k is given too, as for a prompt after a document)\n"
         "  --compare      with -k and -d/-D: exact, Nectar and no-document generations in turn\n"
         "  --eval         with -k and -d/-D: metrics on the held-out prompts kept in the module\n"
-        "  --json         with --eval: one JSON object on stdout\n"
+        "  --json         with --eval or --qa: one JSON object on stdout\n"
         "  --answers      with --eval: each held-out task prompt with its exact, Nectar and\n"
         "                 no-document greedy answers, then the answer match (instead of the tables)\n"
-        "  --gpu          run on the GPU (builds with nvcc; not with --eval)\n"
+        "  --qa FILE      with -d/-D: the multiple-choice questions of FILE (format: docs/formats.md),\n"
+        "                 each option scored by its mean log-probability per token as the reply\n"
+        "                 after the question (with --chat, the assistant's turn), with the full\n"
+        "                 cache, Nectar (with -k) and no document: accuracy and agreement with the\n"
+        "                 full cache's choice, with 95%% intervals (--json: one JSON object)\n"
+        "  --gpu          run on the GPU (builds with nvcc; not with --eval or --qa)\n"
         "  --help         this text\n"
         "Modes: with -d/-D the document's KV cache is used (exact); with -k the module is\n"
         "used instead (if -d/-D is also given, it must be the document the module was fitted\n"
@@ -65,6 +72,7 @@ static void usage(FILE *f) {
 
 typedef struct {
     const char *model_path, *tok_path, *doc_text_path, *doc_ids_path, *module_path, *prompt_text, *prompt_ids_path;
+    const char *qa_path;  /* --qa */
     int n_gen, print_ids, encode_only, eval, compare, json, gpu, chat, answers;
     float temperature, topp;
     unsigned long long seed;
@@ -107,9 +115,12 @@ static const char *options_problem(const Options *o) {
         return "need -n >= 0, -t >= 0 and -p in [0, 1]";
     if ((o->eval || o->compare) && !(o->module_path && has_doc))
         return "--eval and --compare need the module (-k) and its document (-d/-D)";
-    if (o->json && !o->eval) return "--json is the output of --eval; add --eval or drop --json";
+    if (o->qa_path && !has_doc)
+        return "--qa needs the document (-d/-D): the full cache is what the others are held to";
+    if (o->qa_path && (o->eval || o->compare)) return "--qa is a mode of its own; drop --eval and --compare";
+    if (o->json && !o->eval && !o->qa_path) return "--json is the output of --eval or --qa; add one or drop --json";
     if (o->answers && (!o->eval || o->json)) return "--answers is a text output of --eval; add --eval and drop --json";
-    if (o->gpu && o->eval) return "--eval runs on the CPU; drop --gpu";
+    if (o->gpu && (o->eval || o->qa_path)) return "--eval and --qa run on the CPU; drop --gpu";
 #ifndef NECTAR_CUDA
     if (o->gpu) return NO_GPU_SUPPORT;
 #endif
@@ -126,6 +137,7 @@ static int parse_options(int argc, char **argv, Options *o) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
         if (parse_flag(a, o)) continue;
+        if (!strcmp(a, "--qa") && i + 1 < argc) { o->qa_path = argv[++i]; continue; }
         if (a[0] != '-' || strlen(a) != 2 || i + 1 >= argc) {
             fprintf(stderr, "error: unknown or incomplete option '%s' (see --help)\n", a);
             return -1;
@@ -197,6 +209,8 @@ typedef struct {
     int n_alone, *alone;   /* the prompt as it starts a sequence, for the no-document model of --compare */
     int steps;             /* tokens to generate, within the context */
     int stop_id;           /* generation also stops at this token (the end of a chat turn); -1: none */
+    Questions qa;          /* --qa: the questions, and each option as a prompt after the document */
+    PromptSet qa_prompts;
 } Inputs;
 
 /* The document's ids (-d/-D), its text encoded with BOS first where the
@@ -260,7 +274,7 @@ static int load_prompt(const Options *o, Inputs *in) {
     if ((o->prompt_text || o->prompt_ids_path) &&
         (!in->prompt || check_tokens(&in->model, in->prompt, in->n_prompt, "prompt") != 0)) return -1;
     if (in->n_prompt == 0) {
-        if (after_doc && !o->eval) {
+        if (after_doc && !o->eval && !o->qa_path) {
             fprintf(stderr, "error: give a prompt (-i or -I) to follow the document\n");
             return -1;
         }
@@ -311,11 +325,16 @@ static int load_inputs(const Options *o, Inputs *in) {
     if (in->has_doc && load_document(o, in) != 0) return -1;
     if (in->has_modules && load_modules(o, in) != 0) return -1;
     in->n_before = in->has_doc ? in->n_doc : in->has_modules ? in->modules.n_doc : 0;
+    if (o->qa_path && (need_tokenizer(in->tokp) != 0 || questions_load(&in->qa, o->qa_path) != 0 ||
+                       questions_prompts(&in->qa, in->tokp, o->chat, in->model.config.seq_len - in->n_before,
+                                         &in->qa_prompts) != 0)) return -1;
     return load_prompt(o, in);
 }
 
 static void inputs_free(Inputs *in) {
     if (in->has_modules) moduleset_free(&in->modules);
+    questions_free(&in->qa);
+    promptset_free(&in->qa_prompts);
     free(in->prompt); free(in->alone); free(in->doc_ids);
     if (in->tokp) tokenizer_free(in->tokp);
     model_free(&in->model);
@@ -509,26 +528,35 @@ static int run_eval(const Options *o, const Inputs *in, const Device *dv) {
         fprintf(stderr, "error: %s holds no held-out prompts to evaluate on\n", o->module_path);
         return -1;
     }
-    EvalResult random_split, challenge_split;
-    if (evaluate(&in->model, &dv->cache, ms, &ms->heldout, &random_split, &challenge_split) != 0) return -1;
+    EvalResult split[EVAL_SPLITS];
+    if (evaluate(&in->model, &dv->cache, ms, &ms->heldout, split) != 0) return -1;
     if (o->json) {
-        printf("{\"arch\": \"%s\", \"rho\": %.6g, \"params\": %zu, \"kv_entries\": %ld, \"random\": ",
+        printf("{\"arch\": \"%s\", \"rho\": %.6g, \"params\": %zu, \"kv_entries\": %ld, ",
                ms->arch == ARCH_MLP ? "mlp" : "quad", ms->rho, ms->n_params,
                2L * c->n_layers * in->n_doc * (c->dim / c->n_heads) * c->n_kv_heads);
-        print_eval_json(stdout, &random_split);
-        printf(", \"challenge\": ");
-        print_eval_json(stdout, &challenge_split);
+        print_eval_splits_json(stdout, split);
         printf("}\n");
     } else if (o->answers) {
         printf("held-out task prompts (random split): greedy answers to the model's stop or %d tokens\n",
                ms->heldout.answer_cap);
-        print_answers("random split", &random_split, &ms->heldout, in->tokp, 1);
-        print_answers("challenge split", &challenge_split, &ms->heldout, in->tokp, 0);
-    } else {
-        print_eval_table(stdout, "held-out prompts (random split)", &random_split, c->n_layers);
-        print_eval_table(stdout, "held-out prompts (challenge split)", &challenge_split, c->n_layers);
-    }
-    evalresult_free(&random_split); evalresult_free(&challenge_split);
+        print_answers("random split", &split[EVAL_RANDOM], &ms->heldout, in->tokp, 1);
+        print_answers("challenge split", &split[EVAL_CHALLENGE], &ms->heldout, in->tokp, 0);
+        if (split[EVAL_TASKS].n_prompts > 0)
+            print_answers("evaluation-only tasks", &split[EVAL_TASKS], &ms->heldout, in->tokp, 0);
+    } else print_eval_splits_table(stdout, split, c->n_layers);
+    for (int k = 0; k < EVAL_SPLITS; k++) evalresult_free(&split[k]);
+    return 0;
+}
+
+/* --qa: every question's options scored as the reply with the full cache,
+ * Nectar (with -k) and no document (on the CPU). */
+static int run_qa(const Options *o, const Inputs *in, const Device *dv) {
+    QaResult r;
+    if (qa_evaluate(&in->model, &dv->cache, in->has_modules ? &in->modules : NULL, &in->qa, &in->qa_prompts,
+                    &r) != 0) return -1;
+    if (o->json) { print_qa_json(stdout, &in->qa, &r); printf("\n"); }
+    else print_qa_table(stdout, &in->qa, &r);
+    qaresult_free(&r);
     return 0;
 }
 
@@ -593,11 +621,12 @@ int main(int argc, char **argv) {
     if (load_inputs(&o, &in) != 0) return 1;
 
     /* 3. the device, and the document's KV cache on it (with a module, only
-     * --eval and --compare need the cache) */
+     * --eval, --compare and --qa need the cache) */
     Device dv;
     if (device_open(&dv, &o, &in) != 0) return 1;
     double t0 = now_seconds();
-    if (in.has_doc && (!in.has_modules || o.eval || o.compare) && device_build_cache(&dv, &in) != 0) return 1;
+    if (in.has_doc && (!in.has_modules || o.eval || o.compare || o.qa_path) && device_build_cache(&dv, &in) != 0)
+        return 1;
     double prefill_ms = (now_seconds() - t0) * 1e3;
     Document doc = NO_DOCUMENT;
     if (in.has_modules) doc = (Document){DOC_NECTAR, in.modules.n_doc, NULL, dv.modules};
@@ -605,8 +634,8 @@ int main(int argc, char **argv) {
     if (in.has_modules) print_storage(&in);
 
     /* 4. the mode */
-    int rc = o.eval ? run_eval(&o, &in, &dv) : o.compare ? run_compare(&o, &in, &dv, &doc)
-                                                         : run_generate(&o, &in, &dv, &doc, prefill_ms);
+    int rc = o.qa_path ? run_qa(&o, &in, &dv) : o.eval ? run_eval(&o, &in, &dv)
+           : o.compare ? run_compare(&o, &in, &dv, &doc) : run_generate(&o, &in, &dv, &doc, prefill_ms);
     if (rc != 0) return 1;
     device_close(&dv);
     inputs_free(&in);

@@ -318,7 +318,7 @@ int promptset_max_len(const PromptSet *p) {
 }
 
 void promptset_free(PromptSet *p) {
-    free(p->offsets); free(p->tokens); free(p->challenge); free(p->question_len); free(p->nodoc_prefix);
+    free(p->offsets); free(p->tokens); free(p->split); free(p->question_len); free(p->nodoc_prefix);
     memset(p, 0, sizeof(*p));
 }
 

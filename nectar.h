@@ -140,11 +140,14 @@ typedef struct {
  * a user types, the rest the answer, which ends with one of answer_stop.
  * Spans and continuations of the document have no answer part. */
 enum { MAX_NODOC_PREFIX = 4096 };
+enum { SPLIT_RANDOM = 0, SPLIT_CHALLENGE = 1, SPLIT_TASKS = 2 };
 typedef struct {
     int n_prompts;
     int *offsets;             /* (n_prompts + 1) prompt i is tokens[offsets[i] .. offsets[i+1]) */
     int *tokens;              /* (offsets[n_prompts]) */
-    unsigned char *challenge; /* (n_prompts) 1: in the challenge split */
+    unsigned char *split;     /* (n_prompts) where a held-out prompt counts: SPLIT_RANDOM, SPLIT_CHALLENGE
+                               * (also in the random split: the held-out prompts least like the training
+                               * ones) or SPLIT_TASKS (an evaluation-only task, never in self-study) */
     int *question_len;        /* (n_prompts) tokens before the answer; 0: no answer part */
     int answer_cap;           /* an answer is at most this many tokens */
     int answer_stop[2];       /* the tokens that end an answer (a text model's newline and BOS, a chat

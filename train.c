@@ -8,7 +8,8 @@
  * 2. self-study prompts (selfstudy.c): document spans to quote,
  *    continuations of them, tasks the full-cache model writes about the
  *    document and answers, and prompts from a file; a seeded 80/20 split
- *    into train and held-out;
+ *    into train and held-out; evaluation-only tasks, made as the tasks but
+ *    from another seed and never trained on;
  * 3. teacher pass: the full-cache model runs every prompt after the document
  *    and records, per position, layer and query head, q, alpha(q) and A(q);
  *    the challenge subset of the held-out prompts;
@@ -17,13 +18,15 @@
  *    decay, global gradient clipping at 1.0, on the CPU or (--gpu, in a
  *    build with nvcc) the GPU, each layer's modules batched; with
  *    --kl-steps, then a pure-KL stage from the fitted modules;
- * 6. the metrics on the held-out prompts and the module file (with them).
+ * 6. the metrics on the held-out prompts and the evaluation-only tasks, and
+ *    the module file (with both).
  */
 #include "nectar.h"
 #include "src/cli.h"
 #include "src/eval.h"
 #include "src/formats.h"
 #include "src/parallel.h"
+#include "src/qa.h"
 #include "src/selfstudy.h"
 #include "src/tokenizer.h"
 #include "src/util.h"
@@ -47,11 +50,12 @@ typedef enum { LOSS_KL, LOSS_REGRESSION, LOSS_MIXED } LossPreset;
 
 typedef struct {
     const char *model_path, *tok_path, *doc_text_path, *doc_ids_path, *out_path;
-    const char *prompts_text_path, *prompts_ids_path, *checkpoint_path, *resume_path, *init_path;
+    const char *prompts_text_path, *prompts_ids_path, *checkpoint_path, *resume_path, *init_path, *qa_path;
     int arch;         /* ModuleArch, or NOT_GIVEN */
     int loss_preset;  /* LossPreset, or NOT_GIVEN */
     float rho, lr, weight_decay, warmup_fraction, lambda_alpha, lambda_A, lambda_kl, kl_lr;
     int steps, kl_steps, batch, kl_prompts, n_prompts, n_tasks, prompt_len, answer_len, checkpoint_every, stop_after;
+    int eval_tasks;   /* evaluation-only tasks, never trained on */
     int json;
     int eval_train;  /* --eval-train: the metrics on the training prompts too */
     int teacher_logits_mb;  /* the teacher's logits are kept up to this size, else recomputed */
@@ -127,6 +131,10 @@ static void usage(FILE *f) {
         "                    tasks about the document and answers them: quote, continue and question\n"
         "                    tasks, a third each, from 8 N tries; with --chat, questions it writes\n"
         "                    and quote and summary requests, from 4 N (default 300; 64 with --chat)\n"
+        "  --eval-tasks N    evaluation-only tasks (default 100): made as the self-study tasks but from\n"
+        "                    another seed, none asking what a self-study prompt asks, answered by the\n"
+        "                    full cache and never trained on; kept in the module file, measured as\n"
+        "                    their own split (\"tasks\"), with intervals\n"
         "  --prompt-len N    prompt length cap in tokens, answer included (default 80; 196 with --chat)\n"
         "  --prompts FILE    extra prompts, one per line (text, needs -z; \\n is a newline)\n"
         "  --prompt-ids FILE extra prompts, one per line (token ids)\n"
@@ -142,6 +150,9 @@ static void usage(FILE *f) {
         "  --stop-after N    stop after step N (with a checkpoint), as if interrupted\n"
         "  -s SEED           seed of prompts, split, init and batches (default 1234)\n"
         "  --json            one JSON object on stdout instead of tables\n"
+        "  --qa FILE         then the multiple-choice questions of FILE (as infer --qa): accuracy of\n"
+        "                    the full cache, the fitted modules and no document, and agreement with the\n"
+        "                    full cache's choice, in the tables and in the JSON (\"qa\")\n"
         "  --eval-train      the metrics on the training prompts too (what the fit saw; against the\n"
         "                    held-out ones, what generalising to new prompts costs)\n"
         "  --gpu             fit on the GPU (builds with nvcc)\n"
@@ -149,10 +160,10 @@ static void usage(FILE *f) {
 }
 
 /* the options that take a value, for the message when one comes last */
-static const char VALUE_OPTIONS[] = " -m -z -d -D -o --prompts --prompt-ids --checkpoint --resume --init --groups --arch --depths "
+static const char VALUE_OPTIONS[] = " -m -z -d -D -o --prompts --prompt-ids --checkpoint --resume --init --qa --groups --arch --depths "
     "--rho --lr --wd --warmup --lambda-alpha --lambda-A --lambda-kl --kl-prompts --loss --steps --kl-steps --kl-lr "
     "--batch --n-prompts "
-    "--tasks --teacher-logits-mb --prompt-len --answer-len --checkpoint-every --stop-after -s ";
+    "--tasks --eval-tasks --teacher-logits-mb --prompt-len --answer-len --checkpoint-every --stop-after -s ";
 
 /* The options with a word for a value: --arch, --depths, --loss. 1 if a is
  * one of them, -1 after a sentence when its value is not one they take. */
@@ -182,9 +193,9 @@ static int parse_value_option(const char *a, const char *v, Options *o) {
     if (word) return word < 0 ? -1 : 0;
     const char **paths[] = {&o->model_path, &o->tok_path, &o->doc_text_path, &o->doc_ids_path, &o->out_path,
                             &o->prompts_text_path, &o->prompts_ids_path, &o->checkpoint_path, &o->resume_path,
-                            &o->init_path, &o->groups};
+                            &o->init_path, &o->qa_path, &o->groups};
     static const char *path_names[] = {"-m", "-z", "-d", "-D", "-o", "--prompts", "--prompt-ids", "--checkpoint",
-                                       "--resume", "--init", "--groups"};
+                                       "--resume", "--init", "--qa", "--groups"};
     for (size_t k = 0; k < sizeof path_names / sizeof *path_names; k++)
         if (!strcmp(a, path_names[k])) { *paths[k] = v; return 0; }
     float *floats[] = {&o->rho, &o->lr, &o->weight_decay, &o->warmup_fraction, &o->lambda_alpha, &o->lambda_A,
@@ -194,11 +205,12 @@ static int parse_value_option(const char *a, const char *v, Options *o) {
     for (int k = 0; k < 8; k++)
         if (!strcmp(a, float_names[k])) return parse_float_option(a, v, floats[k]);
     int *ints[] = {&o->kl_prompts, &o->steps, &o->batch, &o->n_prompts, &o->n_tasks, &o->prompt_len,
-                   &o->answer_len, &o->checkpoint_every, &o->stop_after, &o->teacher_logits_mb, &o->kl_steps};
+                   &o->answer_len, &o->checkpoint_every, &o->stop_after, &o->teacher_logits_mb, &o->kl_steps,
+                   &o->eval_tasks};
     static const char *int_names[] = {"--kl-prompts", "--steps", "--batch", "--n-prompts", "--tasks",
                                       "--prompt-len", "--answer-len", "--checkpoint-every", "--stop-after",
-                                      "--teacher-logits-mb", "--kl-steps"};
-    for (int k = 0; k < 11; k++) {
+                                      "--teacher-logits-mb", "--kl-steps", "--eval-tasks"};
+    for (int k = 0; k < 12; k++) {
         if (strcmp(a, int_names[k])) continue;
         if (parse_int_option(a, v, ints[k]) != 0) return -1;
         if (*ints[k] != NOT_GIVEN) return 0;  /* the value that stands for "left to the recipe" */
@@ -231,10 +243,10 @@ static const char *check_options(const Options *o) {
         return "--depths B,S,T must be >= 0 with 1 <= B+S+T <= 64";
     if (given_below(o->steps, 0) || given_below(o->kl_steps, 0))
         return "need --steps >= 0 (0: evaluate the initial modules) and --kl-steps >= 0";
-    if (o->batch < 1 || given_below(o->n_prompts, 0) || given_below(o->n_tasks, 0) ||
+    if (o->batch < 1 || given_below(o->n_prompts, 0) || given_below(o->n_tasks, 0) || o->eval_tasks < 0 ||
         given_below(o->prompt_len, 2) || given_below(o->answer_len, 0) ||
         o->stop_after < 0 || o->checkpoint_every < 0 || o->teacher_logits_mb < 0 || o->teacher_logits_mb > (1 << 24))
-        return "need --batch >= 1, --n-prompts >= 0, --tasks >= 0, "
+        return "need --batch >= 1, --n-prompts >= 0, --tasks >= 0, --eval-tasks >= 0, "
                "--prompt-len >= 2, --answer-len >= 0, --stop-after >= 0, --checkpoint-every >= 0 and "
                "--teacher-logits-mb in 0..16777216";
     if (!(o->lr > 0) || !(isnan(o->kl_lr) || o->kl_lr > 0) || o->weight_decay < 0 || o->warmup_fraction < 0 ||
@@ -302,7 +314,7 @@ static int parse_options(int argc, char **argv, Options *o) {
                    .warmup_fraction = 0.05f, .lambda_alpha = NAN, .lambda_A = NAN, .lambda_kl = NAN, .kl_prompts = 2,
                    .steps = NOT_GIVEN, .kl_steps = NOT_GIVEN, .batch = 64, .n_prompts = NOT_GIVEN,
                    .n_tasks = NOT_GIVEN, .prompt_len = NOT_GIVEN, .answer_len = NOT_GIVEN, .chat = -1,
-                   .teacher_logits_mb = 2048, .depth_backbone = 1, .depth_score = 1, .depth_target = 1, .groups = "",
+                   .eval_tasks = 100, .teacher_logits_mb = 2048, .depth_backbone = 1, .depth_score = 1, .depth_target = 1, .groups = "",
                    .seed = 1234};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -330,6 +342,8 @@ typedef struct {
     char *doc_text;        /* the document's text (NULL for token ids) */
     DocCache cache;
     Document doc;          /* the exact document: its KV cache */
+    Questions qa;          /* --qa: the questions, and each option as a prompt after the document */
+    PromptSet qa_prompts;
 } Inputs;
 
 /* The document's token ids: from an id file, or its text encoded with BOS
@@ -389,8 +403,15 @@ static int load_inputs(Options *o, Inputs *in) {
         fprintf(stderr, "error: --prompts needs a tokenizer (-z, or a GGUF model); use --prompt-ids for token ids\n");
         return -1;
     }
+    if (o->qa_path && !in->tokp) {
+        fprintf(stderr, "error: --qa needs a tokenizer (-z, or a GGUF model): its questions are text\n");
+        return -1;
+    }
     if (read_document(o, in) != 0) return -1;
     if (in->n_doc < 2) { fprintf(stderr, "error: the document needs at least 2 tokens\n"); return -1; }
+    if (o->qa_path && (questions_load(&in->qa, o->qa_path) != 0 ||
+                       questions_prompts(&in->qa, in->tokp, o->chat, c->seq_len - in->n_doc, &in->qa_prompts) != 0))
+        return -1;
     if (check_tokens(&in->model, in->doc_ids, in->n_doc, "document") != 0) return -1;
     int prompt_cap = o->prompt_len < in->n_doc ? o->prompt_len : in->n_doc;
     if (in->n_doc + prompt_cap > c->seq_len) {
@@ -405,18 +426,23 @@ static int load_inputs(Options *o, Inputs *in) {
 
 static void inputs_free(Inputs *in) {
     doccache_free(&in->cache);
+    questions_free(&in->qa);
+    promptset_free(&in->qa_prompts);
     free(in->doc_ids);
     free(in->doc_text);
     if (in->tokp) tokenizer_free(in->tokp);
     model_free(&in->model);
 }
 
-/* Self-study with train's options (selfstudy.c). */
-static int make_prompts(const Options *o, const Inputs *in, PromptSet *all) {
+/* Self-study with train's options (selfstudy.c), and the evaluation-only
+ * tasks, made as its tasks from another seed. */
+static int make_prompts(const Options *o, const Inputs *in, PromptSet *all, PromptSet *eval_tasks) {
     SelfStudyOptions so = {o->n_prompts, o->n_tasks, o->prompt_len, o->answer_len, o->chat, o->seed,
-                           o->prompts_text_path, o->prompts_ids_path};
+                           o->prompts_text_path, o->prompts_ids_path, NULL};
     SelfStudyInputs si = {&in->model, in->tokp, in->doc_text, in->doc_ids, in->n_doc, &in->doc};
-    return make_prompt_set(&so, &si, all);
+    if (make_prompt_set(&so, &si, all) != 0) return -1;
+    make_eval_tasks(&so, &si, all, o->eval_tasks, eval_tasks);
+    return 0;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -527,7 +553,7 @@ static void mark_challenge(PromptSet *p, const unsigned char *is_train, const fl
     int n = p->n_prompts, n_held = 0;
     float *best = xmalloc(n * sizeof(float));
     for (int i = 0; i < n; i++) {
-        p->challenge[i] = 0;
+        p->split[i] = SPLIT_RANDOM;
         if (is_train[i]) continue;
         n_held++;
         best[i] = -2;
@@ -547,8 +573,8 @@ static void mark_challenge(PromptSet *p, const unsigned char *is_train, const fl
     for (int picked = 0; picked < want; picked++) {  /* the `want` lowest best[] */
         int pick = -1;
         for (int i = 0; i < n; i++)
-            if (!is_train[i] && !p->challenge[i] && (pick < 0 || best[i] < best[pick])) pick = i;
-        p->challenge[pick] = 1;
+            if (!is_train[i] && p->split[i] != SPLIT_CHALLENGE && (pick < 0 || best[i] < best[pick])) pick = i;
+        p->split[pick] = SPLIT_CHALLENGE;
     }
     free(best);
 }
@@ -1116,44 +1142,64 @@ static int resume(const Options *o, Fit *f, uint64_t run_hash) {
 /* ------------------------------------------------------------------------ */
 /* Metrics and the module file                                              */
 
-/* The metrics on the held-out prompts, all of them and the challenge split
- * (evaluate refuses modules whose outputs are not finite), and with
- * --eval-train on the training prompts; then the module file with the
- * held-out prompts, then the tables or JSON. */
+/* The metrics of the run: the held-out prompts' (every split: EVAL_*), with
+ * --eval-train the training prompts', with --qa the questions'. */
+typedef struct {
+    EvalResult split[EVAL_SPLITS], train_split;
+    QaResult qa;
+} Results;
+
+/* The results as one JSON object, or as tables. */
+static void print_results(const Options *o, const Inputs *in, const ModuleSet *ms, const Results *r,
+                          double fit_seconds, double t_start) {
+    const Config *c = &in->model.config;
+    if (!o->json) {
+        print_eval_splits_table(stdout, r->split, c->n_layers);
+        if (o->eval_train) print_eval_table(stdout, "training prompts (what the fit saw)", &r->train_split, c->n_layers);
+        if (o->qa_path) print_qa_table(stdout, &in->qa, &r->qa);
+        return;
+    }
+    long kv_entries = 2L * in->n_doc * (c->dim / c->n_heads) * c->n_layers * c->n_kv_heads;
+    printf("{\"arch\": \"%s\", \"rho\": %.6g, \"params\": %zu, \"kv_entries\": %ld, \"n_doc\": %d, "
+           "\"steps\": %d, \"kl_steps\": %d, \"fit_seconds\": %.3f, \"total_seconds\": %.3f, ",
+           o->arch == ARCH_MLP ? "mlp" : "quad", o->rho, ms->n_params, kv_entries, in->n_doc, o->steps,
+           o->kl_steps, fit_seconds, now_seconds() - t_start);
+    print_eval_splits_json(stdout, r->split);
+    if (o->eval_train) {
+        printf(", \"train\": ");
+        print_eval_json(stdout, &r->train_split);
+    }
+    if (o->qa_path) {
+        printf(", \"qa\": ");
+        print_qa_json(stdout, &in->qa, &r->qa);
+    }
+    printf("}\n");
+}
+
+/* The metrics (evaluate refuses modules whose outputs are not finite), then
+ * the module file with the held-out prompts, then the tables or JSON. */
 static int evaluate_and_save(const Options *o, const Inputs *in, ModuleSet *ms, const PromptSet *fitted,
                              double fit_seconds, double t_start) {
     const Config *c = &in->model.config;
-    EvalResult random_split, challenge_split, train_split = {0}, unused;
-    if (evaluate(&in->model, &in->cache, ms, &ms->heldout, &random_split, &challenge_split) != 0) return -1;
+    Results r = {0};
+    EvalResult train_splits[EVAL_SPLITS];
+    if (evaluate(&in->model, &in->cache, ms, &ms->heldout, r.split) != 0) return -1;
     if (o->eval_train) {
-        if (evaluate(&in->model, &in->cache, ms, fitted, &train_split, &unused) != 0) return -1;
-        evalresult_free(&unused);
+        if (evaluate(&in->model, &in->cache, ms, fitted, train_splits) != 0) return -1;
+        r.train_split = train_splits[EVAL_RANDOM];
+        evalresult_free(&train_splits[EVAL_CHALLENGE]); evalresult_free(&train_splits[EVAL_TASKS]);
     }
+    if (o->qa_path && qa_evaluate(&in->model, &in->cache, ms, &in->qa, &in->qa_prompts, &r.qa) != 0) return -1;
     if (moduleset_save(ms, o->out_path) != 0) return -1;
     long kv_entries = 2L * in->n_doc * (c->dim / c->n_heads) * c->n_layers * c->n_kv_heads;
     fprintf(stderr, "wrote %s: %zu parameters, %.1f KB (document KV state: %.1f KB)\n", o->out_path,
             ms->n_params, ms->n_params * 4 / 1e3, kv_entries * 4 / 1e3);
-    if (o->json) {
-        printf("{\"arch\": \"%s\", \"rho\": %.6g, \"params\": %zu, \"kv_entries\": %ld, \"n_doc\": %d, "
-               "\"steps\": %d, \"kl_steps\": %d, \"fit_seconds\": %.3f, \"total_seconds\": %.3f, \"random\": ",
-               o->arch == ARCH_MLP ? "mlp" : "quad", o->rho, ms->n_params, kv_entries, in->n_doc, o->steps,
-               o->kl_steps, fit_seconds, now_seconds() - t_start);
-        print_eval_json(stdout, &random_split);
-        printf(", \"challenge\": ");
-        print_eval_json(stdout, &challenge_split);
-        if (o->eval_train) {
-            printf(", \"train\": ");
-            print_eval_json(stdout, &train_split);
-        }
-        printf("}\n");
-    } else {
-        print_eval_table(stdout, "held-out prompts (random split)", &random_split, c->n_layers);
-        print_eval_table(stdout, "held-out prompts (challenge split)", &challenge_split, c->n_layers);
-        if (o->eval_train) print_eval_table(stdout, "training prompts (what the fit saw)", &train_split, c->n_layers);
-    }
+    print_results(o, in, ms, &r, fit_seconds, t_start);
     fprintf(stderr, "fitting took %.1fs (%d steps), the whole run %.1fs\n", fit_seconds, total_steps(o),
             now_seconds() - t_start);
-    evalresult_free(&random_split); evalresult_free(&challenge_split); evalresult_free(&train_split);
+    for (int k = 0; k < EVAL_SPLITS; k++) evalresult_free(&r.split[k]);
+    evalresult_free(&r.train_split);
+    qaresult_free(&r.qa);
     return 0;
 }
 
@@ -1176,8 +1222,8 @@ int main(int argc, char **argv) {
     if (o.init_path && load_init(o.init_path, &in, &ms, &init) != 0) return 1;
 
     /* 2. prompts and the split */
-    PromptSet prompt_set, *all = &prompt_set;
-    if (make_prompts(&o, &in, all) != 0) return 1;
+    PromptSet prompt_set, *all = &prompt_set, eval_tasks;
+    if (make_prompts(&o, &in, all, &eval_tasks) != 0) return 1;
     unsigned char *is_train = split_prompts(all->n_prompts, o.seed);
 
     /* 3. teacher pass, challenge split */
@@ -1188,8 +1234,11 @@ int main(int argc, char **argv) {
     mark_challenge(all, is_train, embed, c->dim);
     free(embed);
 
-    /* 4. the modules initialised, with the held-out prompts */
-    ms.heldout = select_prompts(all, is_train, 0);
+    /* 4. the modules initialised, with the held-out prompts and the evaluation-only tasks */
+    PromptSet heldout = select_prompts(all, is_train, 0);
+    ms.heldout = join_prompts(&heldout, &eval_tasks, SPLIT_TASKS);
+    promptset_free(&heldout);
+    promptset_free(&eval_tasks);
     if (o.init_path) {
         if (init_from_file(o.init_path, &init, &ms) != 0) return 1;
     } else if (o.arch == ARCH_MLP) mlp_init_from_teacher(&ms, &td.fit, c, o.seed + 7);

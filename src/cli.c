@@ -71,8 +71,8 @@ static void print_answer_summary(FILE *f, const EvalResult *r) {
     }
     fprintf(f, "  answers to the %d task prompts (greedy, to the model's stop or %d tokens):\n", r->n_answers,
             r->answer_cap);
-    fprintf(f, "  %-26s %10s %10.4f %10.4f\n", "equal to the full cache's", "", r->answer_match,
-            r->answer_match_nodoc);
+    fprintf(f, "  %-26s %10s %10.4f %10.4f   Nectar's 95%% interval [%.3f, %.3f]\n", "equal to the full cache's",
+            "", r->answer_match, r->answer_match_nodoc, r->answer_match_ci[0], r->answer_match_ci[1]);
     fprintf(f, "  %-26s %10s %10.4f\n", "prefix reproduced", "", r->answer_prefix);
 }
 
@@ -82,8 +82,10 @@ void print_eval_table(FILE *f, const char *title, const EvalResult *r, int n_lay
     fprintf(f, "  %-26s %10.4f %10.4f %10.4f\n", "token accuracy", r->acc_full, r->acc_nectar, r->acc_nodoc);
     fprintf(f, "  %-26s %10s %10.2f %10.2f\n", "gap to full cache (pp)", "",
             100 * (r->acc_full - r->acc_nectar), 100 * (r->acc_full - r->acc_nodoc));
-    fprintf(f, "  %-26s %10s %10.4f %10.4f\n", "top-1 agreement with full", "", r->agree, r->agree_nodoc);
-    fprintf(f, "  %-26s %10s %10.4f %10.4f\n", "mean KL(full || model)", "", r->kl, r->kl_nodoc);
+    fprintf(f, "  %-26s %10s %10.4f %10.4f   Nectar's 95%% interval [%.4f, %.4f]\n", "top-1 agreement with full",
+            "", r->agree, r->agree_nodoc, r->agree_ci[0], r->agree_ci[1]);
+    fprintf(f, "  %-26s %10s %10.4f %10.4f   Nectar's 95%% interval [%.4f, %.4f]\n", "mean KL(full || model)", "",
+            r->kl, r->kl_nodoc, r->kl_ci[0], r->kl_ci[1]);
     fprintf(f, "  module fit on the teacher's queries (%ld evaluations):\n", r->n_queries);
     fprintf(f, "    score MSE %.4g   target MSE %.4g   relative transport error %.4g\n",
             r->score_mse, r->target_mse, r->rte);
@@ -93,13 +95,41 @@ void print_eval_table(FILE *f, const char *title, const EvalResult *r, int n_lay
     print_answer_summary(f, r);
 }
 
+/* ", \"name\": [lo, hi]", or null where the interval is not defined */
+static void print_interval_json(FILE *f, const char *name, const double ci[2]) {
+    if (isfinite(ci[0]) && isfinite(ci[1])) fprintf(f, ", \"%s\": [%.6g, %.6g]", name, ci[0], ci[1]);
+    else fprintf(f, ", \"%s\": null", name);
+}
+
 void print_eval_json(FILE *f, const EvalResult *r) {
     fprintf(f, "{\"n_prompts\": %d, \"n_positions\": %d, \"acc_full\": %.6f, \"acc_nectar\": %.6f, "
             "\"acc_nodoc\": %.6f, \"gap_pp\": %.4f, \"agree\": %.6f, \"agree_nodoc\": %.6f, "
             "\"kl\": %.6g, \"kl_nodoc\": %.6g, \"score_mse\": %.6g, \"target_mse\": %.6g, \"rte\": %.6g, "
-            "\"n_answers\": %d, \"answer_match\": %.6f, \"answer_match_nodoc\": %.6f, \"answer_prefix\": %.6f}",
+            "\"n_answers\": %d, \"answer_match\": %.6f, \"answer_match_nodoc\": %.6f, \"answer_prefix\": %.6f",
             r->n_prompts, r->n_positions, r->acc_full, r->acc_nectar, r->acc_nodoc,
             100 * (r->acc_full - r->acc_nectar), r->agree, r->agree_nodoc, r->kl, r->kl_nodoc,
             r->score_mse, r->target_mse, r->rte, r->n_answers, r->answer_match, r->answer_match_nodoc,
             r->answer_prefix);
+    print_interval_json(f, "kl_ci", r->kl_ci);
+    print_interval_json(f, "agree_ci", r->agree_ci);
+    double none[2] = {NAN, NAN};
+    print_interval_json(f, "answer_match_ci", r->n_answers > 0 ? r->answer_match_ci : none);
+    fprintf(f, "}");
+}
+
+static const char *const SPLIT_TITLES[EVAL_SPLITS] = {"held-out prompts (random split)",
+    "held-out prompts (challenge split)", "evaluation-only tasks (never in self-study)"};
+static const char *const SPLIT_KEYS[EVAL_SPLITS] = {"random", "challenge", "tasks"};
+
+void print_eval_splits_table(FILE *f, const EvalResult split[EVAL_SPLITS], int n_layers) {
+    for (int k = 0; k < EVAL_SPLITS; k++)
+        if (k != EVAL_TASKS || split[k].n_prompts > 0) print_eval_table(f, SPLIT_TITLES[k], &split[k], n_layers);
+}
+
+void print_eval_splits_json(FILE *f, const EvalResult split[EVAL_SPLITS]) {
+    for (int k = 0; k < EVAL_SPLITS; k++) {
+        if (k == EVAL_TASKS && split[k].n_prompts == 0) continue;
+        fprintf(f, "%s\"%s\": ", k ? ", " : "", SPLIT_KEYS[k]);
+        print_eval_json(f, &split[k]);
+    }
 }

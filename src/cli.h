@@ -28,5 +28,9 @@ void print_progress(const char *what, int done, int total, double t_start);
 /* The metrics as a human-readable table, or as the body of a JSON object. */
 void print_eval_table(FILE *f, const char *title, const EvalResult *r, int n_layers);
 void print_eval_json(FILE *f, const EvalResult *r);
+/* Every split of an evaluate (the evaluation-only tasks where there are
+ * any): tables, or "random": {...}, "challenge": {...}, "tasks": {...}. */
+void print_eval_splits_table(FILE *f, const EvalResult split[EVAL_SPLITS], int n_layers);
+void print_eval_splits_json(FILE *f, const EvalResult split[EVAL_SPLITS]);
 
 #endif

@@ -37,14 +37,19 @@ static void eval_progress_end(const EvalProgress *p) {
 typedef struct {
     long positions, hits_full, hits_nectar, hits_nodoc, agree, agree_nodoc;
     double kl, kl_nodoc;
+    /* over prompts (a split's, added by sums_add_prompt): their count and the
+     * sums of x^2, y^2 and x y for x a prompt's positions and y its KL or
+     * agreement count, for the intervals of the ratios sum y / sum x */
+    long prompts;
+    double x2, kl2, kl_x, agree2, agree_x;
     double *score_se, *target_se; /* (L) sums of (a - alpha)^2 and ||A_theta - A||^2 */
     double *rte_sum;            /* (L, H) sums of log(||A_theta - A||^2 / ||q - A||^2) */
     long *layer_samples;        /* (L) module evaluations per layer */
 } Sums;
 
 static void sums_clear(Sums *s, int L, int H) {
-    s->positions = s->hits_full = s->hits_nectar = s->hits_nodoc = s->agree = s->agree_nodoc = 0;
-    s->kl = s->kl_nodoc = 0;
+    s->positions = s->hits_full = s->hits_nectar = s->hits_nodoc = s->agree = s->agree_nodoc = s->prompts = 0;
+    s->kl = s->kl_nodoc = s->x2 = s->kl2 = s->kl_x = s->agree2 = s->agree_x = 0;
     memset(s->score_se, 0, L * sizeof(double));
     memset(s->target_se, 0, L * sizeof(double));
     memset(s->rte_sum, 0, (size_t)L * H * sizeof(double));
@@ -72,8 +77,28 @@ static void sums_add(Sums *to, const Sums *from, int L, int H) {
     }
 }
 
+/* A prompt's sums into its split's, with the moments its intervals need. */
+static void sums_add_prompt(Sums *split, const Sums *prompt, int L, int H) {
+    sums_add(split, prompt, L, H);
+    double x = prompt->positions, kl = prompt->kl, agree = prompt->agree;
+    split->prompts++;
+    split->x2 += x * x;
+    split->kl2 += kl * kl; split->kl_x += kl * x;
+    split->agree2 += agree * agree; split->agree_x += agree * x;
+}
+
+/* The 95% interval of the ratio R = sum y / sum x over n prompts, each a
+ * cluster of positions: R +- 1.96 SE, SE^2 = n / (n - 1) sum (y - R x)^2 /
+ * (sum x)^2, from sum y^2, sum x y and sum x^2; NaN for n < 2. */
+static void ratio_interval(double R, double sum_x, long n, double y2, double xy, double x2, double ci[2]) {
+    if (n < 2) { ci[0] = ci[1] = NAN; return; }
+    double spread = y2 - 2 * R * xy + R * R * x2, se = sqrt(fmax(spread, 0) * n / (n - 1)) / sum_x;
+    ci[0] = R - 1.959963984540054 * se;
+    ci[1] = R + 1.959963984540054 * se;
+}
+
 /* The three models of an evaluation, their scratch, one prompt's sums, and
- * the sums of each split (0: every prompt, 1: the challenge split). */
+ * the sums of each split (EVAL_*). */
 typedef struct {
     Document full, nectar;
     RunState sf, sn, s0;        /* full cache (with taps), Nectar, no document */
@@ -82,8 +107,14 @@ typedef struct {
     int *nodoc_input;           /* (n_nodoc_prefix + max_len) a prompt after the no-document prefix */
     float *q, *a, *A;           /* (max_len group, d), (max_len group), (max_len group, d) */
     double *lp_full, *lp_other; /* (V) log-probabilities */
-    Sums prompt, split[2];
+    Sums prompt, split[EVAL_SPLITS];
 } Evaluation;
+
+/* Whether prompt i of p counts in split k (EVAL_*). */
+static int in_split(const PromptSet *p, int i, int k) {
+    if (k == EVAL_RANDOM) return p->split[i] != SPLIT_TASKS;
+    return p->split[i] == (k == EVAL_CHALLENGE ? SPLIT_CHALLENGE : SPLIT_TASKS);
+}
 
 static void evaluation_start(Evaluation *e, const Model *m, const DocCache *doc, const ModuleSet *ms,
                              const PromptSet *prompts, int max_len) {
@@ -106,13 +137,13 @@ static void evaluation_start(Evaluation *e, const Model *m, const DocCache *doc,
     e->lp_full = xmalloc(V * sizeof(double));
     e->lp_other = xmalloc(V * sizeof(double));
     sums_alloc(&e->prompt, L, H);
-    sums_alloc(&e->split[0], L, H);
-    sums_alloc(&e->split[1], L, H);
+    for (int k = 0; k < EVAL_SPLITS; k++) sums_alloc(&e->split[k], L, H);
 }
 
 static void evaluation_free(Evaluation *e) {
     free(e->nodoc_input); free(e->a); free(e->A); free(e->q); free(e->lp_full); free(e->lp_other);
-    sums_free(&e->prompt); sums_free(&e->split[0]); sums_free(&e->split[1]);
+    sums_free(&e->prompt);
+    for (int k = 0; k < EVAL_SPLITS; k++) sums_free(&e->split[k]);
     modulework_free(&e->work);
     runstate_free(&e->sf); runstate_free(&e->sn); runstate_free(&e->s0);
 }
@@ -201,6 +232,8 @@ static void evaluation_means(const Sums *e, int L, int H, EvalResult *r) {
     r->acc_full = e->hits_full / n; r->acc_nectar = e->hits_nectar / n; r->acc_nodoc = e->hits_nodoc / n;
     r->agree = e->agree / n; r->agree_nodoc = e->agree_nodoc / n;
     r->kl = e->kl / n; r->kl_nodoc = e->kl_nodoc / n;
+    ratio_interval(r->kl, n, e->prompts, e->kl2, e->kl_x, e->x2, r->kl_ci);
+    ratio_interval(r->agree, n, e->prompts, e->agree2, e->agree_x, e->x2, r->agree_ci);
     long total = 0;
     double log_rte = 0;
     for (int l = 0; l < L; l++) {
@@ -243,16 +276,15 @@ static int evaluation_check(const Model *m, const DocCache *doc, const ModuleSet
 }
 
 static int evaluate_answers(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
-                            EvalResult *r, EvalResult *challenge);  /* below, after the rollouts */
+                            EvalResult split[EVAL_SPLITS]);  /* below, after the rollouts */
 
 int evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
-             EvalResult *all, EvalResult *challenge) {
+             EvalResult split[EVAL_SPLITS]) {
     int L = m->config.n_layers, H = m->config.n_heads;
-    EvalResult *split[2] = {all, challenge};
-    for (int k = 0; k < 2; k++) {
-        memset(split[k], 0, sizeof(EvalResult));
-        split[k]->score_mse_layer = xmalloc(L * sizeof(double));
-        split[k]->target_mse_layer = xmalloc(L * sizeof(double));
+    for (int k = 0; k < EVAL_SPLITS; k++) {
+        memset(&split[k], 0, sizeof(EvalResult));
+        split[k].score_mse_layer = xmalloc(L * sizeof(double));
+        split[k].target_mse_layer = xmalloc(L * sizeof(double));
     }
     int max_len = promptset_max_len(prompts), rc = evaluation_check(m, doc, ms, prompts, max_len);
     if (rc == 0) {
@@ -264,26 +296,29 @@ int evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const Pro
             sums_clear(&e.prompt, L, H);
             rc = count_next_tokens(&e, m, prompts, prompts->tokens + prompts->offsets[i], len);
             if (rc == 0) count_module_fit(&e, m, ms, len);
-            for (int k = 0; k < 2 && rc == 0; k++)
-                if (k == 0 || prompts->challenge[i]) {
-                    sums_add(&e.split[k], &e.prompt, L, H);
-                    split[k]->n_prompts++;
+            for (int k = 0; k < EVAL_SPLITS && rc == 0; k++)
+                if (in_split(prompts, i, k)) {
+                    sums_add_prompt(&e.split[k], &e.prompt, L, H);
+                    split[k].n_prompts++;
                 }
             eval_progress_step(&progress);
         }
         eval_progress_end(&progress);
-        for (int k = 0; k < 2 && rc == 0; k++) evaluation_means(&e.split[k], L, H, split[k]);
+        for (int k = 0; k < EVAL_SPLITS && rc == 0; k++) evaluation_means(&e.split[k], L, H, &split[k]);
         evaluation_free(&e);
     }
-    /* the challenge split's sums are parts of these: a term that is not finite makes every sum it is in so */
-    if (rc == 0 && (!isfinite(all->kl) || !isfinite(all->score_mse) || !isfinite(all->target_mse) ||
-                    !isfinite(all->rte))) {
+    /* the challenge split's sums are parts of the random split's: a term that
+     * is not finite makes every sum it is in so */
+    for (int k = EVAL_RANDOM; k <= EVAL_TASKS && rc == 0; k += EVAL_TASKS - EVAL_RANDOM) {
+        const EvalResult *r = &split[k];
+        if (r->n_positions == 0 || (isfinite(r->kl) && isfinite(r->score_mse) && isfinite(r->target_mse) &&
+                                    isfinite(r->rte))) continue;
         fprintf(stderr, "error: the modules' outputs on the held-out prompts are not finite (KL %g, score MSE %g, "
-                "target MSE %g): they diverged in fitting or are corrupt\n", all->kl, all->score_mse, all->target_mse);
+                "target MSE %g): they diverged in fitting or are corrupt\n", r->kl, r->score_mse, r->target_mse);
         rc = -1;
     }
-    if (rc == 0) rc = evaluate_answers(m, doc, ms, prompts, all, challenge);
-    if (rc != 0) { evalresult_free(all); evalresult_free(challenge); }
+    if (rc == 0) rc = evaluate_answers(m, doc, ms, prompts, split);
+    if (rc != 0) for (int k = 0; k < EVAL_SPLITS; k++) evalresult_free(&split[k]);
     return rc;
 }
 
@@ -358,6 +393,65 @@ int rollouts(const Model *m, RunState *s, const Document *doc, const int stop[2]
     return rc;
 }
 
+/* The prompts from *next on that fit one batch (SCORE_ROWS tokens, each
+ * after the no-document prefix when there is no document), as segments of
+ * their own sequences into seg, their tokens into buf; *next moves past
+ * them. Returns the count. */
+static int score_batch(const PromptSet *p, int nodoc, int *next, int *buf, Segment *seg) {
+    int n = 0, used = 0;
+    while (*next < p->n_prompts && n < SCORE_SEQS) {
+        int i = *next, len = p->offsets[i + 1] - p->offsets[i];
+        if (n > 0 && used + len + (nodoc ? p->n_nodoc_prefix : 0) > SCORE_ROWS) break;
+        const int *prompt = p->tokens + p->offsets[i];
+        int k = 0;
+        if (nodoc) k = after_nodoc_prefix(p, prompt, len, buf + used);
+        else memcpy(buf + used, prompt, len * sizeof(int));
+        seg[n] = (Segment){buf + used, k + len, n, 0};
+        used += k + len;
+        n++;
+        (*next)++;
+    }
+    return n;
+}
+
+int answer_loglik(const Model *m, const Document *doc, const PromptSet *p, const char *what, double *sum) {
+    int V = m->config.vocab_size, nodoc = doc == NULL, extra = nodoc ? p->n_nodoc_prefix : 0;
+    int longest = promptset_max_len(p) + extra, rows = longest > SCORE_ROWS ? longest : SCORE_ROWS;
+    const Document *run = nodoc ? &NO_DOCUMENT : doc;
+    RunState s;
+    runstate_alloc_seqs(&s, m, run, rows, longest, SCORE_SEQS);
+    int *buf = xmalloc(rows * sizeof(int)), rc = 0;
+    double *lp = xmalloc(V * sizeof(double));
+    Segment seg[SCORE_SEQS];
+    EvalProgress progress = eval_progress_start(what, p->n_prompts);
+    for (int next = 0, first = 0; next < p->n_prompts && rc == 0; first = next) {
+        int n = score_batch(p, nodoc, &next, buf, seg);
+        if ((rc = forward_segments(m, &s, run, seg, n, LOGITS_ALL)) != 0) break;
+        for (int k = 0, row = 0; k < n; row += seg[k].ntok, k++) {
+            int i = first + k, start = seg[k].ntok - (p->offsets[i + 1] - p->offsets[i]) + p->question_len[i];
+            sum[i] = 0;
+            /* log p(token t | tokens before it) = log_softmax(logits of row t - 1)[token t] */
+            for (int t = start; t < seg[k].ntok; t++) {
+                log_softmax(s.logits + (size_t)(row + t - 1) * V, V, lp);
+                sum[i] += lp[seg[k].tokens[t]];
+            }
+            eval_progress_step(&progress);
+        }
+    }
+    eval_progress_end(&progress);
+    free(buf); free(lp);
+    runstate_free(&s);
+    return rc;
+}
+
+void wilson_interval(int k, int n, double *lo, double *hi) {
+    /* (p + z^2 / 2n +- z sqrt(p (1 - p) / n + z^2 / 4n^2)) / (1 + z^2 / n), z = 1.96 */
+    double z = 1.959963984540054, p = (double)k / n, z2n = z * z / n;
+    double center = (p + z2n / 2) / (1 + z2n), half = z * sqrt(p * (1 - p) / n + z2n / (4.0 * n)) / (1 + z2n);
+    *lo = center - half < 0 ? 0 : center - half;
+    *hi = center + half > 1 ? 1 : center + half;
+}
+
 double answer_prefix_fraction(const int *ref, int n_ref, const int *got, int n_got) {
     int k = 0;
     while (k < n_ref && k < n_got && ref[k] == got[k]) k++;
@@ -417,12 +511,13 @@ static void answer_means(EvalResult *r) {
     }
     if (r->n_answers == 0) return;
     r->answer_match = match / r->n_answers;
+    wilson_interval((int)match, r->n_answers, &r->answer_match_ci[0], &r->answer_match_ci[1]);
     r->answer_match_nodoc = match_nodoc / r->n_answers;
     r->answer_prefix = prefix / r->n_answers;
 }
 
-/* The challenge split's answers: those of `all` whose prompts are marked. */
-static void challenge_answers(const PromptSet *p, const EvalResult *all, EvalResult *r) {
+/* Split k's answers: those of `all` whose prompts are in it. */
+static void split_answers(const PromptSet *p, const EvalResult *all, int k, EvalResult *r) {
     size_t per = (size_t)3 * all->answer_cap;  /* an answer's three rollouts */
     r->n_answers = 0;
     r->answer_cap = all->answer_cap;
@@ -430,7 +525,7 @@ static void challenge_answers(const PromptSet *p, const EvalResult *all, EvalRes
     r->answer_len = xmalloc(((size_t)all->n_answers * 3 + 1) * sizeof(int));
     r->answer_tokens = xmalloc((all->n_answers * per + 1) * sizeof(int));
     for (int a = 0; a < all->n_answers; a++) {
-        if (!p->challenge[all->answer_prompt[a]]) continue;
+        if (!in_split(p, all->answer_prompt[a], k)) continue;
         int b = r->n_answers++;
         r->answer_prompt[b] = all->answer_prompt[a];
         memcpy(r->answer_len + (size_t)b * 3, all->answer_len + (size_t)a * 3, 3 * sizeof(int));
@@ -439,30 +534,14 @@ static void challenge_answers(const PromptSet *p, const EvalResult *all, EvalRes
     answer_means(r);
 }
 
-/* The answer metrics of r (n_answers, answer_match, answer_match_nodoc,
- * answer_prefix and the answers themselves): the full-cache, Nectar and
- * no-document answers (rollouts, greedy; without the document the question
- * follows the set's nodoc_prefix; one cap for all, shortened where the
- * context ends) of every prompt with a question part; the challenge split's
- * are the same rollouts of its prompts. */
-static int evaluate_answers(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
-                            EvalResult *r, EvalResult *challenge) {
-    int max_question, K = prompts->n_nodoc_prefix;
-    r->n_answers = answer_prompts(prompts, &max_question);
-    /* the same cap for all three: where the context ends after the document (or the prefix) */
-    int room = m->config.seq_len - (doc->n > K ? doc->n : K) - max_question;
-    int cap = prompts->answer_cap < room ? prompts->answer_cap : room;
-    if (r->n_answers > 0 && cap < 1) {
-        fprintf(stderr, "error: the document (%d tokens) and the longest question (%d) leave no room for an answer "
-                "in the context of %d\n", doc->n, max_question, m->config.seq_len);
-        return -1;
-    }
-    r->answer_cap = cap > 0 ? cap : 1;
-    r->answer_prompt = xmalloc((r->n_answers + 1) * sizeof(int));
-    r->answer_len = xmalloc(((size_t)r->n_answers * 3 + 1) * sizeof(int));
-    r->answer_tokens = xmalloc(((size_t)r->n_answers * 3 * r->answer_cap + 1) * sizeof(int));
-    if (r->n_answers == 0) { challenge_answers(prompts, r, challenge); return 0; }
-    int stride = 1 + K + max_question, *nodoc_input = xmalloc((size_t)r->n_answers * stride * sizeof(int));
+/* The full-cache, Nectar and no-document answers (rollouts, greedy; without
+ * the document the question follows the set's nodoc_prefix) of the
+ * r->n_answers prompts with a question part, each of at most `cap` tokens,
+ * into r. */
+static int answer_rollouts(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
+                           int max_question, int cap, EvalResult *r) {
+    int K = prompts->n_nodoc_prefix, stride = 1 + K + max_question, rc = 0;
+    int *nodoc_input = xmalloc((size_t)r->n_answers * stride * sizeof(int));
     for (int i = 0, a = 0; i < prompts->n_prompts; i++) {
         if (prompts->question_len[i] == 0) continue;
         int *at = nodoc_input + (size_t)a * stride;  /* (1 + K + max_question): the length, then the tokens */
@@ -471,17 +550,40 @@ static int evaluate_answers(const Model *m, const DocCache *doc, const ModuleSet
         r->answer_prompt[a++] = i;
     }
     Document runs[3] = {{DOC_EXACT, doc->n, doc, NULL}, {DOC_NECTAR, ms->n_doc, NULL, ms}, NO_DOCUMENT};
-    int rc = 0, batches = (r->n_answers + ROLLOUT_BATCH - 1) / ROLLOUT_BATCH;
+    int batches = (r->n_answers + ROLLOUT_BATCH - 1) / ROLLOUT_BATCH;
     EvalProgress progress = eval_progress_start("evaluation: answer batches (full cache, Nectar, no document)",
                                                 3 * batches);
     for (int k = 0; k < 3 && rc == 0; k++)
         rc = answer_run(m, &runs[k], k, prompts, nodoc_input, stride, K + max_question, cap, r, &progress);
     eval_progress_end(&progress);
-    if (rc == 0) {
-        answer_means(r);
-        challenge_answers(prompts, r, challenge);
-    }
     free(nodoc_input);
+    return rc;
+}
+
+/* The answer metrics of each split (n_answers, answer_match,
+ * answer_match_nodoc, answer_prefix and the answers themselves): the
+ * answers of every prompt with a question part, one cap for all (shortened
+ * where the context ends), each split taking those of its prompts. */
+static int evaluate_answers(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
+                            EvalResult split[EVAL_SPLITS]) {
+    EvalResult every = {0};
+    int max_question, K = prompts->n_nodoc_prefix;
+    every.n_answers = answer_prompts(prompts, &max_question);
+    /* the same cap for all three: where the context ends after the document (or the prefix) */
+    int room = m->config.seq_len - (doc->n > K ? doc->n : K) - max_question;
+    int cap = prompts->answer_cap < room ? prompts->answer_cap : room;
+    if (every.n_answers > 0 && cap < 1) {
+        fprintf(stderr, "error: the document (%d tokens) and the longest question (%d) leave no room for an answer "
+                "in the context of %d\n", doc->n, max_question, m->config.seq_len);
+        return -1;
+    }
+    every.answer_cap = cap > 0 ? cap : 1;
+    every.answer_prompt = xmalloc((every.n_answers + 1) * sizeof(int));
+    every.answer_len = xmalloc(((size_t)every.n_answers * 3 + 1) * sizeof(int));
+    every.answer_tokens = xmalloc(((size_t)every.n_answers * 3 * every.answer_cap + 1) * sizeof(int));
+    int rc = every.n_answers > 0 ? answer_rollouts(m, doc, ms, prompts, max_question, cap, &every) : 0;
+    for (int k = 0; k < EVAL_SPLITS && rc == 0; k++) split_answers(prompts, &every, k, &split[k]);
+    evalresult_free(&every);
     return rc;
 }
 

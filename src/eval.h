@@ -24,6 +24,10 @@ typedef struct {
     double answer_match;          /* fraction whose Nectar answer equals the full cache's, token for token */
     double answer_match_nodoc;    /* the same for the no-document model */
     double answer_prefix;         /* mean fraction of the full cache's answer Nectar reproduces before it diverges */
+    /* 95% intervals [lo, hi] of Nectar's: kl and agree over prompts (each a
+     * cluster of positions; NaN with fewer than 2 prompts), answer_match
+     * (Wilson) */
+    double kl_ci[2], agree_ci[2], answer_match_ci[2];
     int answer_cap;               /* Acap: the longest answer, the stride below */
     int *answer_prompt;           /* (n_answers) the prompt's index in the set */
     int *answer_len;              /* (n_answers, 3) lengths: full cache, Nectar, no document */
@@ -31,11 +35,14 @@ typedef struct {
 } EvalResult;
 
 /* Runs the full-cache, Nectar and no-document models over each prompt of
- * `prompts` placed after the document, once: the metrics of them all into
- * `all`, of those marked challenge into `challenge`. Returns -1 with a
- * message if the modules' outputs are not finite. */
+ * `prompts` placed after the document, once: the metrics of the prompts of
+ * each split (prompts->split) into split[k]: EVAL_RANDOM every self-study
+ * prompt held out (SPLIT_RANDOM and SPLIT_CHALLENGE), EVAL_CHALLENGE those
+ * least like the training prompts, EVAL_TASKS the evaluation-only tasks.
+ * Returns -1 with a message if the modules' outputs are not finite. */
+enum { EVAL_RANDOM, EVAL_CHALLENGE, EVAL_TASKS, EVAL_SPLITS };
 int  evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
-              EvalResult *all, EvalResult *challenge);
+              EvalResult split[EVAL_SPLITS]);
 /* Generations, many at once: rollout k writes tokens after its question (at
  * local position 0 of sequence j, its place among those with a question and
  * room), argmax (greedy; sampler NULL) or drawn by the sampler, until one
@@ -52,6 +59,17 @@ typedef struct {
 } Rollout;
 int  rollouts(const Model *m, RunState *s, const Document *doc, const int stop[2], Sampler *sampler, Rollout *r,
                int n);
+/* The log-likelihood of each prompt's answer part (its tokens from
+ * question_len[i] >= 1 on) given everything before it, teacher-forced after
+ * doc (NULL: no document, each prompt after the set's no-document prefix),
+ * into sum (n_prompts). The prompts go through forward_segments in batches
+ * of up to SCORE_ROWS tokens; `what` names the progress line. 0, or -1
+ * after a sentence. */
+enum { SCORE_ROWS = 512, SCORE_SEQS = 32 };
+int answer_loglik(const Model *m, const Document *doc, const PromptSet *p, const char *what, double *sum);
+/* The 95% Wilson score interval [lo, hi] of a rate of k successes in n
+ * trials (n > 0). */
+void wilson_interval(int k, int n, double *lo, double *hi);
 /* The fraction of ref's n_ref tokens that got reproduces before the first
  * token where they differ (1 when ref is empty). */
 double answer_prefix_fraction(const int *ref, int n_ref, const int *got, int n_got);

@@ -316,7 +316,7 @@ int model_save(const Model *m, const char *path) {
 
 /* Module file: a fixed header, a table of (size, input_scale) per module,
  * every parameter, then the held-out prompts (when there are any): offsets
- * (n + 1), tokens, challenge flags (n), question lengths (n), the
+ * (n + 1), tokens, split flags (n: SPLIT_*), question lengths (n), the
  * no-document prefix, all int32. */
 enum { MODULE_MAGIC = 0x5243544E /* "NTCR" */, MODULE_VERSION = 3 };
 typedef struct {
@@ -357,7 +357,7 @@ int moduleset_save(const ModuleSet *s, const char *path) {
         table[i].input_scale = mod->input_scale;
     }
     int32_t *flags = xmalloc((p->n_prompts + 1) * sizeof(int32_t));
-    for (int i = 0; i < p->n_prompts; i++) flags[i] = p->challenge[i];
+    for (int i = 0; i < p->n_prompts; i++) flags[i] = p->split[i];
     const void *parts[8] = {&h, table, s->params, p->offsets, p->tokens, flags, p->question_len, p->nodoc_prefix};
     size_t sizes[8] = {sizeof(h), count * sizeof(ModuleFileEntry), s->n_params * sizeof(float),
                        p->n_prompts ? (p->n_prompts + 1) * sizeof(int32_t) : 0,
@@ -411,7 +411,7 @@ static int *read_ints(const unsigned char **at, size_t n) {
     return out;
 }
 
-/* The held-out prompts at `at`: offsets (n + 1), tokens, challenge flags
+/* The held-out prompts at `at`: offsets (n + 1), tokens, split flags
  * (n), question lengths (n), the no-document prefix; the offsets must rise
  * from 0 to the token count, each question fit its prompt. */
 static int read_heldout(PromptSet *p, const ModuleFileHeader *h, const unsigned char *at) {
@@ -425,10 +425,11 @@ static int read_heldout(PromptSet *p, const ModuleFileHeader *h, const unsigned 
     p->n_nodoc_prefix = h->n_nodoc_prefix;
     p->answer_cap = h->answer_cap;
     p->answer_stop[0] = h->answer_stop[0]; p->answer_stop[1] = h->answer_stop[1];
-    p->challenge = xmalloc(n);
+    p->split = xmalloc(n);
     int ok = p->offsets[0] == 0 && p->offsets[n] == h->n_heldout_tokens;
     for (int i = 0; i < n; i++) {
-        p->challenge[i] = flags[i] != 0;
+        ok &= flags[i] >= SPLIT_RANDOM && flags[i] <= SPLIT_TASKS;
+        p->split[i] = ok ? (unsigned char)flags[i] : SPLIT_RANDOM;
         ok &= p->offsets[i + 1] > p->offsets[i];
         ok &= p->question_len[i] >= 0 && p->question_len[i] <= p->offsets[i + 1] - p->offsets[i];
     }

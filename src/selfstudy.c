@@ -32,9 +32,9 @@ static void add_prompt(PromptBuilder *b, const int *tokens, int len, int questio
     if (p->n_prompts + 1 >= b->cap_prompts) {
         b->cap_prompts = 2 * b->cap_prompts + 16;
         p->offsets = realloc(p->offsets, b->cap_prompts * sizeof(int));
-        p->challenge = realloc(p->challenge, b->cap_prompts);
+        p->split = realloc(p->split, b->cap_prompts);
         p->question_len = realloc(p->question_len, b->cap_prompts * sizeof(int));
-        if (!p->offsets || !p->challenge || !p->question_len) { fprintf(stderr, "error: out of memory\n"); exit(1); }
+        if (!p->offsets || !p->split || !p->question_len) { fprintf(stderr, "error: out of memory\n"); exit(1); }
         if (p->n_prompts == 0) p->offsets[0] = 0;
     }
     int used = p->offsets[p->n_prompts];
@@ -44,10 +44,12 @@ static void add_prompt(PromptBuilder *b, const int *tokens, int len, int questio
         if (!p->tokens) { fprintf(stderr, "error: out of memory\n"); exit(1); }
     }
     memcpy(p->tokens + used, tokens, len * sizeof(int));
-    p->challenge[p->n_prompts] = 0;
+    p->split[p->n_prompts] = SPLIT_RANDOM;
     p->question_len[p->n_prompts] = question_len;
     p->offsets[++p->n_prompts] = used + len;
 }
+
+static const char *task_label(const SelfStudyOptions *o) { return o->label ? o->label : "tasks"; }
 
 /* 1 when the builder holds a prompt whose question part is these n tokens */
 static int has_question(const PromptBuilder *b, const int *question, int n) {
@@ -57,19 +59,40 @@ static int has_question(const PromptBuilder *b, const int *question, int n) {
     return 0;
 }
 
+/* Appends the prompts of p with keep[i] (NULL: all) to b, with their
+ * splits (or `split` when it is not negative). */
+static void add_prompts(PromptBuilder *b, const PromptSet *p, const unsigned char *keep, unsigned char want,
+                        int split) {
+    for (int i = 0; i < p->n_prompts; i++)
+        if (!keep || keep[i] == want) {
+            add_prompt(b, p->tokens + p->offsets[i], p->offsets[i + 1] - p->offsets[i], p->question_len[i]);
+            b->set.split[b->set.n_prompts - 1] = split >= 0 ? (unsigned char)split : p->split[i];
+        }
+}
+
+/* p's answer conventions (cap, stops, no-document prefix) into the set. */
+static void copy_conventions(PromptSet *to, const PromptSet *p) {
+    to->answer_cap = p->answer_cap;
+    to->answer_stop[0] = p->answer_stop[0]; to->answer_stop[1] = p->answer_stop[1];
+    to->n_nodoc_prefix = p->n_nodoc_prefix;
+    free(to->nodoc_prefix);
+    to->nodoc_prefix = xmalloc((p->n_nodoc_prefix + 1) * sizeof(int));
+    memcpy(to->nodoc_prefix, p->nodoc_prefix, p->n_nodoc_prefix * sizeof(int));
+}
+
 PromptSet select_prompts(const PromptSet *p, const unsigned char *is_train, int keep) {
     PromptBuilder b = {0};
-    for (int i = 0; i < p->n_prompts; i++)
-        if (is_train[i] == keep) {
-            add_prompt(&b, p->tokens + p->offsets[i], p->offsets[i + 1] - p->offsets[i], p->question_len[i]);
-            b.set.challenge[b.set.n_prompts - 1] = p->challenge[i];
-        }
-    b.set.answer_cap = p->answer_cap;
-    b.set.answer_stop[0] = p->answer_stop[0]; b.set.answer_stop[1] = p->answer_stop[1];
-    b.set.n_nodoc_prefix = p->n_nodoc_prefix;
-    b.set.nodoc_prefix = xmalloc((p->n_nodoc_prefix + 1) * sizeof(int));
-    memcpy(b.set.nodoc_prefix, p->nodoc_prefix, p->n_nodoc_prefix * sizeof(int));
+    add_prompts(&b, p, is_train, (unsigned char)keep, -1);
+    copy_conventions(&b.set, p);
     return b.set;
+}
+
+PromptSet join_prompts(const PromptSet *a, const PromptSet *b, unsigned char b_split) {
+    PromptBuilder j = {0};
+    add_prompts(&j, a, NULL, 0, -1);
+    add_prompts(&j, b, NULL, 0, b_split);
+    copy_conventions(&j.set, a);
+    return j.set;
 }
 
 unsigned char *split_prompts(int n, unsigned long long seed) {
@@ -316,10 +339,11 @@ static void make_tasks(const SelfStudyOptions *o, const SelfStudyInputs *in, con
         if (len == 0) continue;
         add_prompt(b, tokens, len, nq);
         kept[kind]++;
-        print_progress("tasks", ++done, o->n_tasks, t0);
+        print_progress(task_label(o), ++done, o->n_tasks, t0);
     }
-    fprintf(stderr, "\rtasks: %d quote, %d continue, %d question kept of %d tries (the rest not well formed, "
-            "repeats, or without a complete answer from the document)\n", kept[0], kept[1], kept[2], tries);
+    fprintf(stderr, "\r%s: %d quote, %d continue, %d question kept of %d tries (the rest not well formed, "
+            "repeats, or without a complete answer from the document)\n", task_label(o), kept[0], kept[1], kept[2],
+            tries);
     sampler_free(&sampler);
     free(doc_text);
     free(tokens);
@@ -542,10 +566,10 @@ static void make_chat_tasks(const SelfStudyOptions *o, const SelfStudyInputs *in
         chat_answer_requests(o, in, &s, stop, &cr, b, kept, o->n_tasks - done);
         for (int k = 0; k < cr.count; k++) free(cr.request[k]);
         done = kept[CHAT_QUESTION] + kept[CHAT_QUOTE] + kept[CHAT_SUMMARY];
-        print_progress("tasks", done, o->n_tasks, t0);
+        print_progress(task_label(o), done, o->n_tasks, t0);
     }
-    fprintf(stderr, "\rtasks from %d chunks: %d %s, %d %s, %d %s kept of %d requests (the rest not well formed, "
-            "repeats, or unanswered within the caps)\n", n_chunks, kept[0], CHAT_KIND_NAMES[0], kept[1],
+    fprintf(stderr, "\r%s from %d chunks: %d %s, %d %s, %d %s kept of %d requests (the rest not well formed, "
+            "repeats, or unanswered within the caps)\n", task_label(o), n_chunks, kept[0], CHAT_KIND_NAMES[0], kept[1],
             CHAT_KIND_NAMES[1], kept[2], CHAT_KIND_NAMES[2], tries);
     for (int k = 0; k < CHAT_BATCH; k++) { free(cr.ids[k]); free(cr.gen[k]); }
     sampler_free(&sampler);
@@ -642,4 +666,25 @@ int make_prompt_set(const SelfStudyOptions *o, const SelfStudyInputs *in, Prompt
     }
     *out = b.set;
     return rc;
+}
+
+void make_eval_tasks(const SelfStudyOptions *o, const SelfStudyInputs *in, const PromptSet *fit, int n,
+                     PromptSet *out) {
+    /* the builder starts with the self-study prompts: a task that asks what one of them asks is a repeat */
+    PromptBuilder b = {0};
+    add_prompts(&b, fit, NULL, 0, -1);
+    copy_conventions(&b.set, fit);
+    int first = b.set.n_prompts;
+    SelfStudyOptions eval = *o;
+    eval.seed = o->seed ^ 0xE7A15EEDULL;
+    eval.n_tasks = n;
+    eval.label = "evaluation-only tasks";
+    if (n > 0 && in->tok && o->chat) make_chat_tasks(&eval, in, b.set.answer_stop, &b);
+    else if (n > 0 && in->tok) make_tasks(&eval, in, b.set.answer_stop, &b);
+    else if (n > 0) fprintf(stderr, "note: no evaluation-only tasks: they are text and need a tokenizer (-z)\n");
+    unsigned char *is_new = xmalloc(b.set.n_prompts + 1);
+    for (int i = first; i < b.set.n_prompts; i++) is_new[i] = 1;
+    *out = select_prompts(&b.set, is_new, 1);
+    free(is_new);
+    promptset_free(&b.set);
 }

@@ -21,6 +21,7 @@ typedef struct {
     int chat;             /* the document is a chat turn; prompts end it */
     unsigned long long seed;
     const char *prompts_text_path, *prompts_ids_path;  /* the user's prompts, or NULL */
+    const char *label;    /* what the tasks' progress lines call them (NULL: "tasks") */
 } SelfStudyOptions;
 
 /* What self-study reads: the model, its tokenizer (or NULL), the document's
@@ -38,6 +39,16 @@ typedef struct {
  * answer conventions set (answer_conventions); 0, or -1 after a sentence
  * (a prompt file that cannot be read, fewer than 5 prompts). */
 int make_prompt_set(const SelfStudyOptions *o, const SelfStudyInputs *in, PromptSet *out);
+/* Evaluation-only tasks: up to n task prompts made as self-study makes its
+ * own (with o's formats and caps) but from another seed, none asking what a
+ * prompt of `fit` asks, each followed by the full cache's answer: they are
+ * never trained on. out gets fit's conventions; it is empty without a
+ * tokenizer (tasks are text). */
+void make_eval_tasks(const SelfStudyOptions *o, const SelfStudyInputs *in, const PromptSet *fit, int n,
+                     PromptSet *out);
+/* The prompts of a, then those of b with split `b_split`, as a new set with
+ * a's conventions. */
+PromptSet join_prompts(const PromptSet *a, const PromptSet *b, unsigned char b_split);
 /* A seeded 80/20 split: is_train (n, malloc'd) marks the training prompts. */
 unsigned char *split_prompts(int n, unsigned long long seed);
 /* The prompts with is_train[i] == keep, as a new set with p's conventions. */

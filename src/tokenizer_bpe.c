@@ -58,6 +58,13 @@ static size_t utf8_decode(const unsigned char *s, size_t n, uint32_t *cp) {
     return len;
 }
 
+int utf8_valid(const unsigned char *s, size_t n) {
+    uint32_t cp;
+    for (size_t i = 0, len; i < n; i += len)
+        if ((len = utf8_decode(s + i, n - i, &cp)) == 0) return 0;
+    return 1;
+}
+
 /* UCLASS_LETTER, _NUMBER, _SPACE or _OTHER: a binary search of the ranges. */
 static int char_class(uint32_t cp) {
     size_t lo = 0, hi = sizeof unicode_class_ranges / sizeof unicode_class_ranges[0];

@@ -56,6 +56,9 @@ void bpe_free(BpeTokenizer *t);
  * vocabulary has no piece for (tokenizers would drop it), more than max_ids
  * ids. */
 int  bpe_encode(const BpeTokenizer *t, const char *text, size_t len, int *ids, int max_ids);
+/* 1 when the n bytes at s are valid UTF-8 (no overlong form, surrogate, code
+ * point above U+10FFFF or cut sequence). */
+int  utf8_valid(const unsigned char *s, size_t n);
 /* The bytes token id stands for (*len of them; not NUL-terminated): a
  * byte-level piece mapped back to raw bytes, a control token as its text.
  * NULL with a sentence for an id outside [0, V). */

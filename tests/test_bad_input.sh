@@ -128,6 +128,18 @@ expect_error "-p nan" "$bin/infer" -m $model -I "$tmp/prompt.ids" -p nan
 expect_error "negative seed" "$bin/infer" -m $model -I "$tmp/prompt.ids" -s -5
 expect_error "top-p above 1" "$bin/infer" -m $model -p 1.5
 expect_error "--json without --eval" "$bin/infer" -m $model -I "$tmp/prompt.ids" --json
+# question files (--qa): a bad one is refused with its line, before any work
+dm="-m data/model.bin -z data/tokenizer.bin"
+printf '? Where?\n- here\n- there\n' > "$tmp/noright.qa"
+expect_error "infer --qa, a question without a right option" "$bin/infer" $dm -d data/doc.txt --qa "$tmp/noright.qa"
+grep -q "noright.qa:1: the question has no right option" "$tmp/err" || { echo "    the message names no line"; failed=$((failed + 1)); }
+expect_error "infer --qa without the document" "$bin/infer" $dm --qa data/doc.qa
+expect_error "infer --qa with --eval" "$bin/infer" $dm -d data/doc.txt -k "$tmp/none.nectar" --eval --qa data/doc.qa
+expect_error "infer --qa without a tokenizer (ids)" "$bin/infer" -m $model -D "$tmp/doc.ids" --qa data/doc.qa
+expect_error "infer --qa last, without its file" "$bin/infer" $dm -d data/doc.txt --qa
+expect_error "infer --qa of a missing file" "$bin/infer" $dm -d data/doc.txt --qa "$tmp/none.qa"
+expect_error "train --qa of a bad file, before 10^6 steps" "$bin/train" $dm -d data/doc.txt -o "$tmp/x.nectar" \
+    --steps 1000000 --qa "$tmp/noright.qa"
 expect_error "train --lambda-A nan" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --lambda-A nan
 expect_error "train --lambda-kl -1" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --lambda-kl -1
 expect_error "train --lr inf" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --lr inf

@@ -1020,7 +1020,7 @@ static void test_evaluate_metrics_match_definitions(void) {
     enum { NDOC = 30, NPROMPTS = 3, MAXLEN = 9 };
     const int lens[NPROMPTS] = {7, 9, 5};
     int doc_ids[NDOC], offsets[NPROMPTS + 1] = {0}, tokens[NPROMPTS * MAXLEN];
-    unsigned char challenge[NPROMPTS] = {0};
+    unsigned char split_flags[NPROMPTS] = {0};
     uint64_t rng = 31;
     for (int i = 0; i < NDOC; i++) doc_ids[i] = 3 + rng_u32(&rng) % (V - 3);
     DocCache cache;
@@ -1040,7 +1040,7 @@ static void test_evaluate_metrics_match_definitions(void) {
             *at = argmax(sf.logits + (size_t)(t - 1) * V, V);
         }
     }
-    PromptSet prompts = {.n_prompts = NPROMPTS, .offsets = offsets, .tokens = tokens, .challenge = challenge};
+    PromptSet prompts = {.n_prompts = NPROMPTS, .offsets = offsets, .tokens = tokens, .split = split_flags};
     ModuleSet ms;
     int p[3] = {NDOC, NDOC, NDOC};
     moduleset_alloc(&ms, ARCH_QUAD, L, G, d, 0, 0, 0, p, 0);
@@ -1052,8 +1052,9 @@ static void test_evaluate_metrics_match_definitions(void) {
         for (int j = 0; j < NDOC; j++)
             for (int k = 0; k < d; k++) ms.modules[i].params[(size_t)(NDOC + j) * d + k] += u[(size_t)i * d + k];
 
-    EvalResult r, challenge_split;
-    check("evaluate runs", evaluate(&m, &cache, &ms, &prompts, &r, &challenge_split) == 0);
+    EvalResult split[EVAL_SPLITS];
+    check("evaluate runs", evaluate(&m, &cache, &ms, &prompts, split) == 0);
+    const EvalResult r = split[EVAL_RANDOM];
 
     /* the same quantities from forward passes of our own */
     Document nectar = {DOC_NECTAR, NDOC, NULL, &ms};
@@ -1061,6 +1062,7 @@ static void test_evaluate_metrics_match_definitions(void) {
     runstate_alloc(&sn, &m, &nectar, MAXLEN, MAXLEN);
     double kl = 0, kl_reverse = 0, hits_full = 0, hits_nectar = 0, agree = 0, positions = 0, target_mse = 0;
     double *log_ratio = xmalloc((size_t)L * H * sizeof(double));  /* (L, H) sums over queries */
+    double prompt_kl[NPROMPTS], prompt_positions[NPROMPTS];      /* each prompt's KL sum and positions */
     long queries = 0;
     for (int i = 0; i < NPROMPTS; i++) {
         const int *prompt = tokens + offsets[i];
@@ -1068,7 +1070,9 @@ static void test_evaluate_metrics_match_definitions(void) {
         forward(&m, &sf, &full, prompt, len, 0, LOGITS_ALL);
         forward(&m, &sn, &nectar, prompt, len, 0, LOGITS_ALL);
         /* KL(full || Nectar) over the len - 1 next-token predictions */
-        kl += kl_loss(sf.logits, sn.logits, len - 1, V, NULL) * (len - 1);
+        prompt_kl[i] = kl_loss(sf.logits, sn.logits, len - 1, V, NULL) * (len - 1);
+        prompt_positions[i] = len - 1;
+        kl += prompt_kl[i];
         kl_reverse += kl_loss(sn.logits, sf.logits, len - 1, V, NULL) * (len - 1);
         for (int t = 0; t + 1 < len; t++) {
             int top_full = argmax(sf.logits + (size_t)t * V, V), top_nectar = argmax(sn.logits + (size_t)t * V, V);
@@ -1113,7 +1117,14 @@ static void test_evaluate_metrics_match_definitions(void) {
     check("score MSE is 0 to float precision (alpha exact)", r.score_mse < 1e-9);
     printf("    %.0f positions: %.0f right (full), %.0f right (Nectar), %.0f agree\n", positions, hits_full, hits_nectar, agree);
     check("accuracy, agreement and KL are not trivial here", agree > 0 && agree < positions && kl > 1e-4);
-    evalresult_free(&r); evalresult_free(&challenge_split);
+    /* KL's interval: prompts as clusters, SE^2 = n / (n - 1) sum_i (y_i - R x_i)^2 / (sum x)^2 */
+    double R = kl / positions, spread = 0;
+    for (int i = 0; i < NPROMPTS; i++) spread += pow(prompt_kl[i] - R * prompt_positions[i], 2);
+    double se = sqrt(spread * NPROMPTS / (NPROMPTS - 1)) / positions;
+    float ci[2] = {(float)r.kl_ci[0], (float)r.kl_ci[1]};
+    double z = 1.959963984540054;
+    check_close("KL's 95% interval over prompts: R -+ 1.96 SE", ci, (double[]){R - z * se, R + z * se}, 2, 0, 1e-5);
+    for (int k = 0; k < EVAL_SPLITS; k++) evalresult_free(&split[k]);
     free(log_ratio); free(u);
     runstate_free(&sf); runstate_free(&sn);
     moduleset_free(&ms);
@@ -1164,13 +1175,21 @@ static int naive_answer(const Model *m, const Document *doc, const int *question
 /* The metrics recomputed from naive_answer for one split. */
 typedef struct { double match, match_nodoc, prefix; int n, stopped, same_answers; } AnswerCount;
 
+/* Whether prompt i counts in split k of evaluate (EVAL_*): the random split
+ * holds every self-study prompt held out, challenge ones included, and no
+ * evaluation-only task. */
+static int counts_in(const PromptSet *p, int i, int k) {
+    return k == EVAL_RANDOM ? p->split[i] != SPLIT_TASKS
+         : k == EVAL_CHALLENGE ? p->split[i] == SPLIT_CHALLENGE : p->split[i] == SPLIT_TASKS;
+}
+
 static AnswerCount count_answers(const Model *m, const Document runs[3], const PromptSet *p, int split,
                                  const EvalResult *r) {
     enum { CAP = 10 };
     AnswerCount a = {0, 0, 0, 0, 0, 1};
     int nodoc_input[64];  /* the prefix, then the question */
     for (int i = 0; i < p->n_prompts; i++) {
-        if (p->question_len[i] == 0 || (split && !p->challenge[i])) continue;
+        if (p->question_len[i] == 0 || !counts_in(p, i, split)) continue;
         const int *q = p->tokens + p->offsets[i];
         int want[3][CAP], len[3], nq = p->question_len[i], K = p->n_nodoc_prefix;
         memcpy(nodoc_input, p->nodoc_prefix, K * sizeof(int));
@@ -1215,48 +1234,48 @@ static void check_answer_split(const EvalResult *r, const AnswerCount *a, int sp
     check("the stop token ends some answers", a->stopped > 0 && a->stopped < a->n);
 }
 
-/* The challenge split's metrics from evaluate's one pass are those of the
- * challenge prompts evaluated alone, to the bit: the same sums in the same
- * order. */
-static void check_challenge_split(const Model *m, const DocCache *cache, const ModuleSet *ms, const PromptSet *p,
-                                  const EvalResult *got) {
+/* A split's metrics from evaluate's one pass are those of its prompts
+ * evaluated alone, to the bit: the same sums in the same order. */
+static void check_split_alone(const Model *m, const DocCache *cache, const ModuleSet *ms, const PromptSet *p, int k,
+                              const EvalResult *got) {
     enum { MAX_PROMPTS = 64, MAX_TOKENS = 512 };
     int offsets[MAX_PROMPTS + 1], tokens[MAX_TOKENS], question_len[MAX_PROMPTS], n = 0;
     unsigned char marked[MAX_PROMPTS];
     offsets[0] = 0;
     if (p->n_prompts > MAX_PROMPTS || p->offsets[p->n_prompts] > MAX_TOKENS) {
-        check("the challenge prompts fit the test's buffers", 0);
+        check("the split's prompts fit the test's buffers", 0);
         return;
     }
     for (int i = 0; i < p->n_prompts; i++) {
-        if (!p->challenge[i]) continue;
+        if (!counts_in(p, i, k)) continue;
         int len = p->offsets[i + 1] - p->offsets[i];
         memcpy(tokens + offsets[n], p->tokens + p->offsets[i], len * sizeof(int));
         question_len[n] = p->question_len[i];
-        marked[n] = 1;
+        marked[n] = p->split[i];
         offsets[n + 1] = offsets[n] + len;
         n++;
     }
     PromptSet alone = *p;
     alone.n_prompts = n; alone.offsets = offsets; alone.tokens = tokens;
-    alone.question_len = question_len; alone.challenge = marked;
-    EvalResult r[2];
-    int ran = evaluate(m, cache, ms, &alone, &r[0], &r[1]) == 0;
+    alone.question_len = question_len; alone.split = marked;
+    EvalResult split[EVAL_SPLITS], *a = &split[k];
+    int ran = evaluate(m, cache, ms, &alone, split) == 0;
     int L = m->config.n_layers;
-    int ok = ran && r[0].n_prompts == got->n_prompts && r[0].n_positions == got->n_positions &&
-         r[0].n_queries == got->n_queries && r[0].acc_full == got->acc_full && r[0].acc_nectar == got->acc_nectar &&
-         r[0].acc_nodoc == got->acc_nodoc && r[0].agree == got->agree && r[0].agree_nodoc == got->agree_nodoc &&
-         r[0].kl == got->kl && r[0].kl_nodoc == got->kl_nodoc && r[0].score_mse == got->score_mse &&
-         r[0].target_mse == got->target_mse && r[0].rte == got->rte &&
-         !memcmp(r[0].score_mse_layer, got->score_mse_layer, L * sizeof(double)) &&
-         !memcmp(r[0].target_mse_layer, got->target_mse_layer, L * sizeof(double)) &&
-         r[0].n_answers == got->n_answers && r[0].answer_match == got->answer_match &&
-         r[0].answer_match_nodoc == got->answer_match_nodoc && r[0].answer_prefix == got->answer_prefix &&
-         r[0].answer_cap == got->answer_cap &&
-         !memcmp(r[0].answer_len, got->answer_len, 3 * got->n_answers * sizeof(int)) &&
-         !memcmp(r[0].answer_tokens, got->answer_tokens, (size_t)3 * got->n_answers * got->answer_cap * sizeof(int));
-    check("challenge split of one pass = its prompts evaluated alone, bit for bit", ok);
-    if (ran) { evalresult_free(&r[0]); evalresult_free(&r[1]); }
+    int ok = ran && a->n_prompts == got->n_prompts && a->n_positions == got->n_positions &&
+         a->n_queries == got->n_queries && a->acc_full == got->acc_full && a->acc_nectar == got->acc_nectar &&
+         a->acc_nodoc == got->acc_nodoc && a->agree == got->agree && a->agree_nodoc == got->agree_nodoc &&
+         a->kl == got->kl && a->kl_nodoc == got->kl_nodoc && a->score_mse == got->score_mse &&
+         a->target_mse == got->target_mse && a->rte == got->rte &&
+         !memcmp(a->score_mse_layer, got->score_mse_layer, L * sizeof(double)) &&
+         !memcmp(a->target_mse_layer, got->target_mse_layer, L * sizeof(double)) &&
+         a->n_answers == got->n_answers && a->answer_match == got->answer_match &&
+         a->answer_match_nodoc == got->answer_match_nodoc && a->answer_prefix == got->answer_prefix &&
+         a->answer_cap == got->answer_cap &&
+         !memcmp(a->answer_len, got->answer_len, 3 * got->n_answers * sizeof(int)) &&
+         !memcmp(a->answer_tokens, got->answer_tokens, (size_t)3 * got->n_answers * got->answer_cap * sizeof(int));
+    check(k == EVAL_CHALLENGE ? "challenge split of one pass = its prompts evaluated alone, bit for bit"
+                              : "evaluation-only tasks of one pass = the tasks evaluated alone, bit for bit", ok);
+    if (ran) for (int j = 0; j < EVAL_SPLITS; j++) evalresult_free(&split[j]);
 }
 
 /* A document (random tokens, or BOS alone: then the no-document model, whose
@@ -1273,7 +1292,7 @@ static void test_answer_metrics_match_definitions(const char *name, int n_doc, f
     int L = c->n_layers, G = c->n_kv_heads, d = c->dim / c->n_heads, V = c->vocab_size;
     enum { NPROMPTS = 6, LEN = 8, CAP = 10, MAX_DOC = 30 };
     int doc_ids[MAX_DOC], offsets[NPROMPTS + 1], tokens[NPROMPTS * LEN], question_len[NPROMPTS], bos[1] = {1};
-    unsigned char challenge[NPROMPTS] = {0, 1, 0, 1, 0, 0};
+    unsigned char split_flags[NPROMPTS] = {0, 1, 0, 1, 2, 0};  /* prompt 4: an evaluation-only task */
     uint64_t rng = 77;
     for (int i = 0; i < n_doc; i++) doc_ids[i] = n_doc == 1 ? 1 : 3 + rng_u32(&rng) % (V - 3);
     for (int i = 0; i < NPROMPTS * LEN; i++) tokens[i] = 3 + rng_u32(&rng) % (V - 3);
@@ -1285,7 +1304,7 @@ static void test_answer_metrics_match_definitions(const char *name, int n_doc, f
     /* the stop: the third token of the full cache's answer to prompt 0, so that some answers stop early */
     int answer[CAP];
     naive_answer(&m, &full, tokens, question_len[0], (int[2]){-1, -1}, CAP, answer);
-    PromptSet prompts = {.n_prompts = NPROMPTS, .offsets = offsets, .tokens = tokens, .challenge = challenge,
+    PromptSet prompts = {.n_prompts = NPROMPTS, .offsets = offsets, .tokens = tokens, .split = split_flags,
                          .question_len = question_len, .answer_cap = CAP, .answer_stop = {answer[2], 1},
                          .n_nodoc_prefix = 1, .nodoc_prefix = bos};
     ModuleSet ms;
@@ -1299,14 +1318,15 @@ static void test_answer_metrics_match_definitions(const char *name, int n_doc, f
             for (int j = 0; j < n_doc; j++) ms.modules[i].params[(size_t)(n_doc + j) * d + k] += u;
         }
     Document runs[3] = {full, {DOC_NECTAR, n_doc, NULL, &ms}, NO_DOCUMENT};
-    EvalResult r[2];
-    check("evaluate runs", evaluate(&m, &cache, &ms, &prompts, &r[0], &r[1]) == 0);
-    for (int split = 0; split < 2; split++) {
+    EvalResult r[EVAL_SPLITS];
+    check("evaluate runs", evaluate(&m, &cache, &ms, &prompts, r) == 0);
+    for (int split = 0; split < EVAL_SPLITS; split++) {
         AnswerCount a = count_answers(&m, runs, &prompts, split, &r[split]);
         check_answer_split(&r[split], &a, split, n_doc, expect_oracle);
     }
-    check_challenge_split(&m, &cache, &ms, &prompts, &r[1]);
-    evalresult_free(&r[0]); evalresult_free(&r[1]);
+    check_split_alone(&m, &cache, &ms, &prompts, EVAL_CHALLENGE, &r[EVAL_CHALLENGE]);
+    check_split_alone(&m, &cache, &ms, &prompts, EVAL_TASKS, &r[EVAL_TASKS]);
+    for (int split = 0; split < EVAL_SPLITS; split++) evalresult_free(&r[split]);
     moduleset_free(&ms);
     doccache_free(&cache);
     model_free(&m);
@@ -1319,12 +1339,12 @@ static void test_module_file_keeps_answer_parts(void) {
     printf("module file: question lengths, answer stops and cap, no-document prefix\n");
     int sizes[2] = {5, 7}, offsets[4] = {0, 4, 9, 12}, tokens[12] = {3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14};
     int question_len[3] = {2, 0, 3}, prefix[2] = {1, 17};
-    unsigned char challenge[3] = {0, 1, 1};
+    unsigned char split_flags[3] = {SPLIT_RANDOM, SPLIT_CHALLENGE, SPLIT_TASKS};
     ModuleSet s, back;
     moduleset_alloc(&s, ARCH_MLP, 2, 3, 8, 1, 1, 1, sizes, 0);
     mlp_init(&s, 3, NULL, NULL);
     s.n_doc = 100;
-    s.heldout = (PromptSet){.n_prompts = 3, .offsets = offsets, .tokens = tokens, .challenge = challenge,
+    s.heldout = (PromptSet){.n_prompts = 3, .offsets = offsets, .tokens = tokens, .split = split_flags,
                             .question_len = question_len, .answer_cap = 21, .answer_stop = {13, 2},
                             .n_nodoc_prefix = 2, .nodoc_prefix = prefix};
     const char *path = "tests/tmp_answers.nectar";
@@ -1332,9 +1352,10 @@ static void test_module_file_keeps_answer_parts(void) {
     const PromptSet *h = &back.heldout;
     ok = ok && h->n_prompts == 3 && h->answer_stop[0] == 13 && h->answer_stop[1] == 2 && h->answer_cap == 21 &&
          h->n_nodoc_prefix == 2 && !memcmp(h->nodoc_prefix, prefix, sizeof prefix) &&
-         !memcmp(h->question_len, question_len, sizeof question_len) && !memcmp(h->tokens, tokens, sizeof tokens);
+         !memcmp(h->question_len, question_len, sizeof question_len) && !memcmp(h->tokens, tokens, sizeof tokens) &&
+         !memcmp(h->split, split_flags, sizeof split_flags);
     if (ok) moduleset_free(&back);
-    check("question lengths, stops, cap and prefix round trip", ok);
+    check("question lengths, splits, stops, cap and prefix round trip", ok);
     /* a question of 5 tokens in a prompt of 4: the first question length, before the prefix at the end */
     size_t size;
     unsigned char *bytes = read_file(path, &size);

@@ -87,7 +87,7 @@ done
 
 $bin/infer $m -d data/doc.txt -k "$tmp/cpu.nectar" --eval --gpu > /dev/null 2> "$tmp/eval.err"
 ok=$?
-check "infer --eval --gpu is refused: --eval runs on the CPU" $([ $ok = 1 ] && grep -q "^error: --eval runs on the CPU" "$tmp/eval.err" && echo 1 || echo 0)
+check "infer --eval --gpu is refused: --eval runs on the CPU" $([ $ok = 1 ] && grep -q "^error: --eval and --qa run on the CPU" "$tmp/eval.err" && echo 1 || echo 0)
 
 # (quadrature on the 1K document alone: on the emulator each size takes a minute)
 for run in "mlp 2048" "quad 1024"; do

@@ -198,10 +198,39 @@ grep -q "recomputed at each KL step" "$tmp/log" && is "($a - $b)^2 <= (1e-4 * $a
 # self-study tasks: the default model writes its own tasks about its document and answers them to the newline
 if [ -f data/model.bin ]; then
     "$bin/pretrain" --write-doc "$tmp/doc0" 2> /dev/null && cmp -s "$tmp/doc0/doc.txt" data/doc.txt && \
-        cmp -s "$tmp/doc0/prompts.txt" data/prompts.txt && ok "pretrain --write-doc, index 0: data/doc.txt and prompts.txt" \
-        || fail "pretrain --write-doc, index 0"
+        cmp -s "$tmp/doc0/prompts.txt" data/prompts.txt && cmp -s "$tmp/doc0/doc.qa" data/doc.qa \
+        && ok "pretrain --write-doc, index 0: data/doc.txt, prompts.txt, doc.qa" || fail "pretrain --write-doc, index 0"
     "$bin/pretrain" --write-doc "$tmp/doc7" --doc-index 7 2> /dev/null && ! cmp -s "$tmp/doc7/doc.txt" data/doc.txt \
         && ok "pretrain --write-doc --doc-index 7: another document" || fail "pretrain --write-doc --doc-index 7"
+    # its questions: one on each fact, four options, the right one the document's
+    facts=$(tr '.' '\n' < "$tmp/doc7/doc.txt" | grep -c '[a-z]')
+    n_q=$(grep -c '^? ' "$tmp/doc7/doc.qa")
+    rights=$(sed -n 's/^+ \(.*\)\.\\n$/\1/p' "$tmp/doc7/doc.qa")
+    in_doc=$(for r in $rights; do grep -qw -- "$r" "$tmp/doc7/doc.txt" && echo y; done | wc -l)
+    [ "$n_q" = "$facts" ] && [ "$in_doc" = "$n_q" ] && [ "$(grep -c '^[-+] ' "$tmp/doc7/doc.qa")" = $((4 * n_q)) ] \
+        && ok "doc.qa: a question on each of the $facts facts, its answer the document's" || fail "doc.qa: $n_q questions, $facts facts, $in_doc answers in the document"
+    # evaluation-only tasks: their own split, measured the same by infer --eval, and never trained on (the
+    # self-study split's metrics are those of a run without them)
+    et="-m data/model.bin -z data/tokenizer.bin -d data/doc.txt --n-prompts 10 --tasks 30 --steps 40 --json"
+    "$bin/train" $et --eval-tasks 40 -o "$tmp/et.nectar" > "$tmp/et.json" 2> "$tmp/log" || cat "$tmp/log"
+    "$bin/train" $et --eval-tasks 0 -o "$tmp/et0.nectar" > "$tmp/et0.json" 2> "$tmp/log" || cat "$tmp/log"
+    "$bin/infer" -m data/model.bin -z data/tokenizer.bin -d data/doc.txt -k "$tmp/et.nectar" --eval --json \
+        > "$tmp/et_infer.json" 2> "$tmp/log" || cat "$tmp/log"
+    python3 -c 'import json, sys
+t, t0, i = (json.load(open(p)) for p in sys.argv[1:])
+ok = t["tasks"]["n_prompts"] > 0 and t["tasks"]["n_answers"] > 0 and "tasks" not in t0
+ok = ok and t["tasks"] == i["tasks"] and t["random"] == t0["random"] == i["random"] and t["challenge"] == t0["challenge"]
+print("    evaluation-only tasks:", t["tasks"]["n_prompts"], "answer match", t["tasks"]["answer_match"], t["tasks"]["answer_match_ci"])
+sys.exit(not ok)' "$tmp/et.json" "$tmp/et0.json" "$tmp/et_infer.json" \
+        && ok "--eval-tasks: their own split, as infer --eval has it; the fit unchanged" || fail "--eval-tasks"
+    # train --qa reports the questions as infer --qa does with the same modules
+    "$bin/train" -m data/model.bin -z data/tokenizer.bin -d data/doc.txt --n-prompts 20 --tasks 0 --steps 50 \
+        -o "$tmp/qa.nectar" --qa data/doc.qa --json > "$tmp/qa_train.json" 2> "$tmp/log" || cat "$tmp/log"
+    "$bin/infer" -m data/model.bin -z data/tokenizer.bin -d data/doc.txt -k "$tmp/qa.nectar" --qa data/doc.qa --json \
+        > "$tmp/qa_infer.json" 2> "$tmp/log" || cat "$tmp/log"
+    python3 -c 'import json, sys; t, i = (json.load(open(p)) for p in sys.argv[1:]); sys.exit(t["qa"] != i or i["n"] != 5)' \
+        "$tmp/qa_train.json" "$tmp/qa_infer.json" && ok "train --qa: the \"qa\" object of infer --qa, 5 questions" \
+        || fail "train --qa against infer --qa"
     "$bin/train" -m data/model.bin -z data/tokenizer.bin -d data/doc.txt --n-prompts 10 --tasks 12 --steps 0 \
         -o "$tmp/tasks.nectar" --json > "$tmp/tasks.json" 2> "$tmp/log"
     kept=$(tr '\r' '\n' < "$tmp/log" | sed -nE 's/^tasks: ([0-9]+) quote, ([0-9]+) continue, ([0-9]+) question kept.*/\1 \2 \3/p')

@@ -261,6 +261,63 @@ int corpus_task(uint64_t *rng, const char *doc, int doc_len, int kind, char *tas
 }
 
 /* ------------------------------------------------------------------------ */
+/* Multiple-choice questions                                                */
+
+/* The places a document names: the objects of "lives in" and the subjects
+ * of its place facts, each once. Returns the count. */
+static int document_places(const char *doc, const Sentence *s, int ns, char places[][32]) {
+    int n = 0;
+    for (int i = 0; i < ns; i++) {
+        Span slots[3];
+        int t = parse_fact(doc + s[i].start, s[i].len, slots);
+        if (t < 0 || (TEMPLATES[t].object != OBJ_PLACE && TEMPLATES[t].person)) continue;
+        const Span *place = TEMPLATES[t].person ? &slots[1] : &slots[0];
+        char name[32];
+        snprintf(name, sizeof name, "%.*s", place->n, place->p);
+        if (!taken(places, n, name)) strcpy(places[n++], name);
+    }
+    return n;
+}
+
+/* A wrong answer to a fact of template t whose answer is `right`, none of
+ * the k already in wrong[]: a number of the template's range, another word
+ * of its list, another of the document's places (invented ones when it has
+ * too few), an invented name. */
+static void wrong_object(uint64_t *rng, const Template *t, const char *right, char places[][32], int n_places,
+                         char wrong[][32], int k) {
+    for (int tries = 0;; tries++) {
+        char *w = wrong[k];
+        switch (t->object) {
+        case OBJ_NUMBER: snprintf(w, 32, "%d", t->lo + rnd(rng, t->hi - t->lo + 1)); break;
+        case OBJ_WORD:   strcpy(w, t->objects[rnd(rng, t->n_objects)]); break;
+        case OBJ_PLACE:  if (tries < 20 && n_places > 1) { strcpy(w, places[rnd(rng, n_places)]); break; }
+                         /* fall through */
+        default:         make_name(rng, 2 + rnd(rng, 2), w); break;
+        }
+        if (strcmp(w, right) && !taken(wrong, k, w)) return;
+    }
+}
+
+int corpus_questions(uint64_t *rng, const char *doc, int doc_len, char *out, int cap) {
+    Sentence s[MAX_SENTENCES];
+    char places[MAX_SENTENCES][32], wrong[3][32];
+    int ns = split_sentences(doc, doc_len, s), n_places = document_places(doc, s, ns, places), len = 0;
+    for (int i = 0; i < ns && len >= 0 && len < cap; i++) {
+        Span slots[3];
+        int t = parse_fact(doc + s[i].start, s[i].len, slots), right_at = rnd(rng, 4);
+        char question[96], right[32];
+        if (t < 0 || fill(TEMPLATES[t].question, slots, question, sizeof question) < 0) continue;
+        snprintf(right, sizeof right, "%.*s", slots[1].n, slots[1].p);
+        for (int k = 0; k < 3; k++) wrong_object(rng, &TEMPLATES[t], right, places, n_places, wrong, k);
+        len += snprintf(out + len, cap - len, "%s? \\nQ: %s\\nA:\n", len ? "\n" : "", question);
+        for (int k = 0, w = 0; k < 4 && len < cap; k++)
+            len += snprintf(out + len, cap - len, "%c %s.\\n\n", k == right_at ? '+' : '-',
+                            k == right_at ? right : wrong[w++]);
+    }
+    return len < cap ? len : -1;
+}
+
+/* ------------------------------------------------------------------------ */
 /* Samples                                                                  */
 
 static void set_weights(float *weight, int from, int to, float w) {

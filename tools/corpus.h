@@ -61,4 +61,11 @@ int corpus_document(uint64_t *rng, char *text, int cap);
 int corpus_task(uint64_t *rng, const char *doc, int doc_len, int kind, char *task, int cap,
                 int *answer_start);
 
+/* A multiple-choice question file (format: src/qa.h) about a document from
+ * corpus_document: for each of its facts, the fact's question as a task
+ * prompt ("\nQ: <question>\nA:") and four answers, the right one and three
+ * of the same kind drawn from rng, in a random order. Returns the length
+ * written to out (NUL-terminated), or -1 when it does not fit in cap. */
+int corpus_questions(uint64_t *rng, const char *doc, int doc_len, char *out, int cap);
+
 #endif

@@ -3,10 +3,10 @@
  * corpus of corpus.c, with the forward and backward of nectar.c and AdamW.
  *
  *   ./pretrain -o data            writes data/model.bin, data/tokenizer.bin,
- *                                 data/doc.txt and data/prompts.txt
+ *                                 data/doc.txt, data/prompts.txt and data/doc.qa
  *   ./pretrain --eval data        how well the model reads its document
  *   ./pretrain --write-doc DIR --doc-index 3
- *                                 another held-out document and its prompts
+ *                                 another held-out document, its prompts and questions
  *
  * Everything is a function of the seed: the same command writes the same
  * bytes (two worker threads, each with single-threaded BLAS, whose
@@ -49,7 +49,7 @@ static void usage(FILE *f) {
         "usage: pretrain -o DIR [options]     train the default model into DIR\n"
         "       pretrain --eval DIR [options] measure how it reads its document\n"
         "       pretrain --write-doc DIR [--doc-index N] write a held-out document and its prompts\n"
-        "  -o DIR          write model.bin, tokenizer.bin, doc.txt, prompts.txt there\n"
+        "  -o DIR          write model.bin, tokenizer.bin, doc.txt, prompts.txt, doc.qa there\n"
         "  --eval DIR      evaluate DIR/model.bin on held-out documents\n"
         "  --steps N       optimisation steps (default 6000)\n"
         "  --batch N       samples per step (default 16)\n"
@@ -57,8 +57,9 @@ static void usage(FILE *f) {
         "  --copy-start P  share of \"Repeat:\" copy samples at the start (default 0.6)\n"
         "  --copy-end P    and at the end, linearly in between (default 0.25)\n"
         "  --docs N        held-out documents for --eval (default 200)\n"
-        "  --write-doc DIR write DIR/doc.txt and DIR/prompts.txt (its tasks, each cut before the\n"
-        "                  answer) for held-out document --doc-index, as -o writes them for document 0\n"
+        "  --write-doc DIR write DIR/doc.txt, DIR/prompts.txt (its tasks, each cut before the answer)\n"
+        "                  and DIR/doc.qa (a multiple-choice question on each of its facts) for held-out\n"
+        "                  document --doc-index, as -o writes them for document 0\n"
         "  --doc-index N   which held-out document (default 0, the one -o writes; --eval reads 1..--docs)\n"
         "  -s SEED         seed (default 1)\n"
         "  --help          this text\n");
@@ -198,8 +199,25 @@ static int write_tokenizer(const char *path) {
     return write_memstream(f, &buf, &size, path);
 }
 
-/* held-out documents come from their own stream, never the training one */
+/* held-out documents come from their own stream, never the training one;
+ * their questions' wrong answers from another */
 static uint64_t heldout_rng(unsigned long long seed, int i) { return sample_rng(seed ^ 0x5EED0F4E1DULL, -1, i); }
+static uint64_t questions_rng(unsigned long long seed, int i) { return sample_rng(seed ^ 0x5EED0F4E1DULL, -2, i); }
+
+/* DIR/doc.qa: multiple-choice questions about the document, one for each
+ * of its facts (corpus_questions), for infer --qa and train --qa. */
+static int write_questions(const char *dir, const Options *o, const char *doc, int n) {
+    char path[1024], text[8192];
+    uint64_t rng = questions_rng(o->seed, o->doc_index);
+    int len = snprintf(text, sizeof text, "# questions about doc.txt from its facts, written by pretrain (seed %llu, "
+                       "document %d)\n\n", o->seed, o->doc_index);
+    int body = corpus_questions(&rng, doc, n, text + len, (int)sizeof text - len);
+    if (body < 0) { fprintf(stderr, "error: the questions of document %d do not fit\n", o->doc_index); return -1; }
+    snprintf(path, sizeof path, "%s/doc.qa", dir);
+    const void *part = text;
+    size_t size = len + body;
+    return write_file_atomic(path, &part, &size, 1);
+}
 
 /* The default document (held-out document o->doc_index: 0 for -o) and
  * default prompts: tasks about it of each kind, each cut just before its
@@ -215,7 +233,7 @@ static int write_demo(const char *dir, const Options *o) {
     snprintf(path, sizeof path, "%s/doc.txt", dir);
     const void *doc_part = doc;
     size_t doc_size = n;
-    if (write_file_atomic(path, &doc_part, &doc_size, 1) != 0) return -1;
+    if (write_file_atomic(path, &doc_part, &doc_size, 1) != 0 || write_questions(dir, o, doc, n) != 0) return -1;
     snprintf(path, sizeof path, "%s/prompts.txt", dir);
     char *buf;
     size_t size;
@@ -307,7 +325,7 @@ static int write_outputs(const Options *o, const Model *m) {
     snprintf(path, sizeof path, "%s/tokenizer.bin", o->out_dir);
     if (rc == 0) rc = write_tokenizer(path);
     if (rc == 0) rc = write_demo(o->out_dir, o);
-    if (rc == 0) fprintf(stderr, "wrote %s/{model.bin,tokenizer.bin,doc.txt,prompts.txt}\n", o->out_dir);
+    if (rc == 0) fprintf(stderr, "wrote %s/{model.bin,tokenizer.bin,doc.txt,prompts.txt,doc.qa}\n", o->out_dir);
     return rc;
 }
 
@@ -319,7 +337,7 @@ static int write_held_out_document(const Options *o) {
         return -1;
     }
     if (write_demo(o->write_doc_dir, o) != 0) return -1;
-    fprintf(stderr, "wrote %s/doc.txt and %s/prompts.txt: held-out document %d (seed %llu)\n", o->write_doc_dir,
+    fprintf(stderr, "wrote %s/doc.txt, prompts.txt and doc.qa: held-out document %d (seed %llu)\n",
             o->write_doc_dir, o->doc_index, o->seed);
     return 0;
 }
