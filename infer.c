@@ -250,6 +250,17 @@ static int load_modules(const Options *o, Inputs *in) {
                 "model's context of %d\n", o->module_path, ms->n_doc, c->seq_len);
         return -1;
     }
+    const PromptSet *held = &ms->heldout;  /* its ids and stops are the model's, as a checksum cannot tell */
+    for (int k = 0; k < 2 && held->n_prompts > 0; k++)
+        if (held->answer_stop[k] >= c->vocab_size) {
+            fprintf(stderr, "error: %s: its held-out answers' stop token %d is outside the vocabulary of %d\n",
+                    o->module_path, held->answer_stop[k], c->vocab_size);
+            return -1;
+        }
+    if (held->n_prompts > 0 &&
+        (check_tokens(&in->model, held->tokens, held->offsets[held->n_prompts], o->module_path) != 0 ||
+         check_tokens(&in->model, held->nodoc_prefix, held->n_nodoc_prefix, o->module_path) != 0))
+        return -1;
     if (ms->chat != o->chat) {
         fprintf(stderr, "error: %s was fitted to a document %s a chat turn; %s --chat\n", o->module_path,
                 ms->chat ? "framed as" : "not framed as", ms->chat ? "add" : "drop");

@@ -290,23 +290,20 @@ static const char *apply_recipe(Options *o, const Recipe *r) {
     return NULL;
 }
 
-/* Finds out now, not after the fitting, that an output cannot be written. */
+/* Finds out now, not after the fitting, that an output cannot be written or
+ * would destroy an input. The checkpoint may be the file --resume reads:
+ * the run goes on writing it. */
 static int check_outputs(const Options *o) {
-    const char *outputs[2] = {o->out_path, o->checkpoint_path};
-    for (int k = 0; k < 2 && outputs[k]; k++) {
-        struct stat st;
-        if (stat(outputs[k], &st) == 0 && S_ISDIR(st.st_mode)) {
-            fprintf(stderr, "error: %s is a directory; give a file name\n", outputs[k]);
-            return -1;
-        }
-        char probe[4096];
-        snprintf(probe, sizeof probe, "%s.tmp", outputs[k]);
-        FILE *f = fopen(probe, "wb");
-        if (!f) { fprintf(stderr, "error: cannot write %s: %s\n", probe, strerror(errno)); return -1; }
-        fclose(f);
-        remove(probe);
+    const char *inputs[] = {o->model_path, o->tok_path, o->doc_text_path, o->doc_ids_path, o->init_path,
+                            o->prompts_text_path, o->prompts_ids_path, o->qa_path, o->resume_path};
+    int n = sizeof inputs / sizeof *inputs;
+    if (check_output("-o", o->out_path, inputs, n) != 0) return -1;
+    if (!o->checkpoint_path) return 0;
+    if (!strcmp(o->checkpoint_path, o->out_path)) {
+        fprintf(stderr, "error: -o and --checkpoint are both %s; give them two files\n", o->out_path);
+        return -1;
     }
-    return 0;
+    return check_output("--checkpoint", o->checkpoint_path, inputs, n - 1);  /* not --resume: it goes on */
 }
 
 static int parse_options(int argc, char **argv, Options *o) {
@@ -438,7 +435,7 @@ static void inputs_free(Inputs *in) {
  * tasks, made as its tasks from another seed. */
 static int make_prompts(const Options *o, const Inputs *in, PromptSet *all, PromptSet *eval_tasks) {
     SelfStudyOptions so = {o->n_prompts, o->n_tasks, o->prompt_len, o->answer_len, o->chat, o->seed,
-                           o->prompts_text_path, o->prompts_ids_path, NULL};
+                           o->prompts_text_path, o->prompts_ids_path, NULL, 0};
     SelfStudyInputs si = {&in->model, in->tokp, in->doc_text, in->doc_ids, in->n_doc, &in->doc};
     if (make_prompt_set(&so, &si, all) != 0) return -1;
     make_eval_tasks(&so, &si, all, o->eval_tasks, eval_tasks);

@@ -25,6 +25,10 @@
 #                                 training; about 20 minutes (chat: 50)
 #   scripts/results.sh real-serving mlp|quad FIT.json...  the same serving table alone, for SmolLM2 fits made
 #                                 before (train --json output, each named by its file): about 3 minutes a fit
+#   scripts/results.sh real-qa [DOC...]  SmolLM2, train's defaults (the chat recipe) at rho 10%, 5%, 2% on
+#                                 Apache-2.0 and GPL-3 (or the DOCs), with their question sets (data/qa/DOC.qa)
+#                                 and the evaluation-only tasks: the table of scripts/qa_table.py; about 5 hours
+#                                 on 2 cores
 set -eu
 cd "$(dirname "$0")/.."
 what=${1:-capacity}
@@ -132,7 +136,7 @@ losses)
         for loss in regression mixed kl; do for rho in 0.02 0.1; do row "$loss $rho" "$loss-$rho" $split; done; done
     done
     echo; echo "Held-out: $(heldout kl-0.1)." ;;
-real|real-losses|real-rounding|real-documents|real-serving)
+real|real-losses|real-rounding|real-documents|real-serving|real-qa)
     MODEL=(-m models/SmolLM2-135M-Instruct.Q4_1.gguf)
     [ -f "${MODEL[1]}" ] || { echo "error: ${MODEL[1]} is missing: make smollm2 first" >&2; exit 1; }
     # train's chat recipe (demo-real's) without its KL stage and with MLP modules: its regression fit, 2000
@@ -208,6 +212,19 @@ real|real-losses|real-rounding|real-documents|real-serving)
         echo; for name in Apache-2.0 GPL-3; do echo "- $name: held-out $(heldout $name)."; done
         fit_times Apache-2.0 GPL-3
         echo; serving $arch Apache-2.0 GPL-3 ;;
+    real-qa)
+        shift
+        docs=("$@"); [ ${#docs[@]} -gt 0 ] || docs=(Apache-2.0 GPL-3)
+        rows=() names=()
+        for doc in "${docs[@]}"; do
+            [ -f "data/qa/$doc.qa" ] || { echo "error: no question set data/qa/$doc.qa" >&2; exit 1; }
+            for rho in 0.1 0.05 0.02; do
+                fit "$doc-$rho" /usr/share/common-licenses/$doc --rho $rho --qa "data/qa/$doc.qa"
+                rows+=("$doc, rho $rho=$tmp/$doc-$rho.json") names+=("$doc-$rho")
+            done
+        done
+        python3 scripts/qa_table.py "${rows[@]}"
+        echo; fit_times "${names[@]}" ;;
     real-serving)
         arch=${2:-}
         [ "$arch" = mlp ] || [ "$arch" = quad ] || { echo "error: real-serving takes mlp or quad, then FIT.json files" >&2
@@ -234,6 +251,6 @@ documents)
         echo "- document $i: \"$(cat "$tmp/doc$i/doc.txt")\"; held-out $(heldout "doc$i"); its prompts.txt" \
              "tasks (never given to train): Nectar's answer equals the full cache's on $(user_tasks "$tmp/doc$i" "doc$i")."
     done ;;
-*) echo "usage: scripts/results.sh capacity|losses|documents|real [mlp|quad] [DOC]|real-losses [DOC]|real-rounding|real-documents [mlp|chat]|real-serving mlp|quad FIT.json..." >&2
+*) echo "usage: scripts/results.sh capacity|losses|documents|real [mlp|quad] [DOC]|real-losses [DOC]|real-rounding|real-documents [mlp|chat]|real-serving mlp|quad FIT.json...|real-qa [DOC...]" >&2
    exit 1 ;;
 esac

@@ -10,13 +10,23 @@ float8 e4m3's (without their narrower exponent ranges).
 usage: scripts/round_modules.py IN.nectar BITS OUT.nectar   (BITS in 1..22)
 
 The layout read here is moduleset_save's in src/formats.c: a 128-byte header
-(magic "NTCR", version 3; n_layers and n_kv_heads at bytes 12 and 16,
-n_params at byte 64), a table of 8 bytes a module, then n_params float32.
+(magic "NTCR", version 4; n_layers and n_kv_heads at bytes 12 and 16,
+n_params at byte 64), a table of 8 bytes a module, then n_params float32,
+the held-out prompts, and last the 64-bit FNV-1a hash of every byte before
+it, which is written again for the rounded file.
 """
 import os
 import struct
 import sys
 from array import array
+
+
+def fnv1a(data):
+    """64-bit FNV-1a, as src/util.c hashes: fnv1a(FNV_OFFSET, data)."""
+    h = 1469598103934665603
+    for byte in data:
+        h = ((h ^ byte) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
 
 
 def main():
@@ -25,13 +35,15 @@ def main():
     src, bits, dst = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     with open(src, "rb") as f:
         data = f.read()
-    if len(data) < 128 or data[:8] != struct.pack("<II", 0x5243544E, 3):
-        sys.exit(f"error: {src} is not a version-3 Nectar module file")
+    if len(data) < 136 or data[:8] != struct.pack("<II", 0x5243544E, 4):
+        sys.exit(f"error: {src} is not a version-4 Nectar module file")
+    if fnv1a(data[:-8]) != struct.unpack_from("<Q", data, len(data) - 8)[0]:
+        sys.exit(f"error: {src}: its checksum does not match its bytes: the file is corrupt")
     n_layers, n_kv_heads = struct.unpack_from("<ii", data, 12)
     (n_params,) = struct.unpack_from("<Q", data, 64)
     start = 128 + 8 * n_layers * n_kv_heads
     end = start + 4 * n_params
-    if n_layers <= 0 or n_kv_heads <= 0 or end > len(data):
+    if n_layers <= 0 or n_kv_heads <= 0 or end > len(data) - 8:
         sys.exit(f"error: {src} is truncated or its header is corrupt")
     words = array("I", data[start:end])  # the float32 parameters as their bits
     if sys.byteorder != "little":
@@ -45,9 +57,10 @@ def main():
                         for w in words))
     if sys.byteorder != "little":
         words.byteswap()
+    body = data[:start] + words.tobytes() + data[end:-8]
     tmp = dst + ".tmp"
     with open(tmp, "wb") as f:
-        f.write(data[:start] + words.tobytes() + data[end:])
+        f.write(body + struct.pack("<Q", fnv1a(body)))
     os.replace(tmp, dst)
 
 

@@ -15,7 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 /* ------------------------------------------------------------------------ */
 /* Whole files, text files, token-id files                                  */
@@ -43,6 +45,55 @@ int write_file_atomic(const char *path, const void *const *parts,
         return -1;
     }
     free(tmp);
+    return 0;
+}
+
+/* 1 when a and b name the same existing file. */
+static int same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    if (stat(a, &sa) != 0 || stat(b, &sb) != 0) return 0;
+    if (sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino) return 1;
+    char *ra = realpath(a, NULL), *rb = realpath(b, NULL);
+    int same = ra && rb && !strcmp(ra, rb);
+    free(ra); free(rb);
+    return same;
+}
+
+int check_output(const char *option, const char *path, const char *const *inputs, int n) {
+    if (!path[0]) { fprintf(stderr, "error: %s is empty; give a file name\n", option); return -1; }
+    struct stat st;
+    int exists = stat(path, &st) == 0;
+    if (exists && S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "error: %s %s is a directory; give a file name\n", option, path);
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        if (inputs[i] && same_file(path, inputs[i])) {
+            fprintf(stderr, "error: %s %s is the input %s; writing it would destroy it\n", option, path, inputs[i]);
+            return -1;
+        }
+    /* an existing file: its write permission (kept even where root may write past it), and whether it
+     * opens for writing (an immutable one does not); opened to see, never written */
+    int fd = !exists ? -2 : !(st.st_mode & 0222) ? (errno = EACCES, -1) : open(path, O_WRONLY);
+    if (fd == -1) {
+        fprintf(stderr, "error: %s %s cannot be written (%s); refusing to replace it\n", option, path,
+                errno == EACCES ? "it is read-only" : strerror(errno));
+        return -1;
+    }
+    if (fd >= 0) close(fd);
+    size_t len = strlen(path);
+    char *probe = xmalloc(len + 5);
+    memcpy(probe, path, len);
+    memcpy(probe + len, ".tmp", 5);
+    fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    int err = errno;
+    if (fd >= 0) { close(fd); unlink(probe); }
+    free(probe);
+    if (fd < 0) {
+        fprintf(stderr, "error: %s %s cannot be written: its folder %s (%s)\n", option, path,
+                err == ENOENT ? "does not exist or takes no new file" : "takes no new file", strerror(err));
+        return -1;
+    }
     return 0;
 }
 
@@ -317,8 +368,9 @@ int model_save(const Model *m, const char *path) {
 /* Module file: a fixed header, a table of (size, input_scale) per module,
  * every parameter, then the held-out prompts (when there are any): offsets
  * (n + 1), tokens, split flags (n: SPLIT_*), question lengths (n), the
- * no-document prefix, all int32. */
-enum { MODULE_MAGIC = 0x5243544E /* "NTCR" */, MODULE_VERSION = 3 };
+ * no-document prefix, all int32; last, the 64-bit FNV-1a hash of every byte
+ * before it, which is checked before anything in the file is used. */
+enum { MODULE_MAGIC = 0x5243544E /* "NTCR" */, MODULE_VERSION = 4 };
 typedef struct {
     uint32_t magic, version;
     int32_t arch, n_layers, n_kv_heads, head_size;
@@ -358,30 +410,40 @@ int moduleset_save(const ModuleSet *s, const char *path) {
     }
     int32_t *flags = xmalloc((p->n_prompts + 1) * sizeof(int32_t));
     for (int i = 0; i < p->n_prompts; i++) flags[i] = p->split[i];
-    const void *parts[8] = {&h, table, s->params, p->offsets, p->tokens, flags, p->question_len, p->nodoc_prefix};
-    size_t sizes[8] = {sizeof(h), count * sizeof(ModuleFileEntry), s->n_params * sizeof(float),
+    uint64_t checksum = FNV_OFFSET;
+    const void *parts[9] = {&h, table, s->params, p->offsets, p->tokens, flags, p->question_len, p->nodoc_prefix,
+                            &checksum};
+    size_t sizes[9] = {sizeof(h), count * sizeof(ModuleFileEntry), s->n_params * sizeof(float),
                        p->n_prompts ? (p->n_prompts + 1) * sizeof(int32_t) : 0,
                        h.n_heldout_tokens * sizeof(int32_t), p->n_prompts * sizeof(int32_t),
-                       p->n_prompts * sizeof(int32_t), h.n_nodoc_prefix * sizeof(int32_t)};
-    int rc = write_file_atomic(path, parts, sizes, 8);
+                       p->n_prompts * sizeof(int32_t), h.n_nodoc_prefix * sizeof(int32_t), sizeof(checksum)};
+    for (int k = 0; k < 8; k++) checksum = fnv1a(checksum, parts[k], sizes[k]);
+    int rc = write_file_atomic(path, parts, sizes, 9);
     free(table); free(flags);
     return rc;
 }
 
-/* Why the header's fields cannot be a module file's, or NULL. */
+/* Why the header's fields cannot be a module file's, or NULL: its kind,
+ * then each field within its range (the sizes against the rest of the file
+ * are read_modules'). */
 static const char *module_header_problem(const ModuleFileHeader *h) {
     if (h->magic != MODULE_MAGIC) return "it is not a Nectar module file (bad magic number)";
-    if (h->version != MODULE_VERSION)
-        return "its format version is not the one this program reads (3: the held-out prompts keep their "
-               "question parts); fit the modules again";
+    if (h->version < MODULE_VERSION)
+        return "it was written by an earlier version of this program (its format has no checksum); "
+               "fit the modules again";
+    if (h->version != MODULE_VERSION) return "its format version is newer than this program reads";
     if (h->arch != ARCH_MLP && h->arch != ARCH_QUAD) return "its architecture is unknown";
     if (h->n_layers <= 0 || h->n_kv_heads <= 0 || h->head_size <= 0 || h->n_doc <= 0 ||
         h->n_layers > 4096 || h->n_kv_heads > 4096 || h->head_size > 65536 ||
         h->n_layers * h->n_kv_heads > (1 << 16) ||
         h->n_heldout < 0 || h->n_heldout_tokens < 0 || h->n_heldout_tokens > (1 << 28) ||
-        h->answer_cap < 0 || h->answer_cap > (1 << 20) || h->n_nodoc_prefix < 0 ||
-        h->n_nodoc_prefix > MAX_NODOC_PREFIX)
+        h->n_nodoc_prefix < 0 || h->n_nodoc_prefix > MAX_NODOC_PREFIX)
         return "its dimensions are out of range";
+    if (!(h->rho > 0.0f && h->rho <= 1e6f)) return "its budget rho is not a number in (0, 1e6]";
+    if (h->chat != 0 && h->chat != 1) return "its chat flag is neither 0 nor 1";
+    if (h->n_heldout > 0 && (h->answer_cap < 1 || h->answer_cap > (1 << 20) || h->answer_stop[0] < -1 ||
+                             h->answer_stop[1] < -1))
+        return "its held-out prompts' answer cap or stop tokens are out of range";
     return NULL;
 }
 
@@ -397,7 +459,7 @@ static int module_table_sizes(const ModuleFileHeader *h, const ModuleFileEntry *
         sizes[l] = table[l * h->n_kv_heads].size;
         for (int g = 0; g < h->n_kv_heads; g++)
             ok &= table[l * h->n_kv_heads + g].size == sizes[l] && sizes[l] > 0 && sizes[l] <= (1 << 20) &&
-                  isfinite(table[l * h->n_kv_heads + g].input_scale);
+                  isfinite(table[l * h->n_kv_heads + g].input_scale) && table[l * h->n_kv_heads + g].input_scale > 0;
         if (ok) *n_params += (size_t)h->n_kv_heads * module_param_count(&shape, sizes[l]);
     }
     return ok;
@@ -450,12 +512,16 @@ static const char *read_modules(ModuleSet *s, const ModuleFileHeader *h, const u
     size_t n_params;
     int ok = module_table_sizes(h, table, sizes, &n_params);
     size_t prompt_ints = h->n_heldout ? 3 * (size_t)h->n_heldout + 1 + h->n_heldout_tokens + h->n_nodoc_prefix : 0;
-    size_t expected = sizeof(*h) + table_bytes + n_params * sizeof(float) + prompt_ints * sizeof(int32_t);
+    size_t expected = sizeof(*h) + table_bytes + n_params * sizeof(float) + prompt_ints * sizeof(int32_t) +
+                      sizeof(uint64_t);
+    /* rho = params / (2 n d) per module, at most: the sizes rho allows, whatever the layers' multipliers */
+    double budget = (double)h->rho * 2.0 * h->n_doc * h->head_size * h->n_layers * h->n_kv_heads;
     const char *why = NULL;
     if (!ok) why = "its module table is inconsistent";
     /* n_params <= size / 4 first: up to 2^62 parameters fit the header's limits, and 4 n_params would wrap */
     else if (n_params != h->n_params || n_params > size / sizeof(float) || size != expected)
         why = "its size does not match its header: it is truncated or corrupt";
+    else if ((double)n_params > budget * (1 + 1e-5)) why = "its modules are larger than its budget rho allows";
     else if (moduleset_alloc(s, h->arch, h->n_layers, h->n_kv_heads, h->head_size, h->depth_backbone,
                              h->depth_score, h->depth_target, sizes, 0) != 0)
         why = "its modules cannot be allocated";
@@ -472,19 +538,29 @@ static const char *read_modules(ModuleSet *s, const ModuleFileHeader *h, const u
     return NULL;
 }
 
+/* The file's last 8 bytes are the FNV-1a hash of the bytes before them. */
+static int checksum_matches(const unsigned char *buf, size_t size) {
+    uint64_t stored;
+    memcpy(&stored, buf + size - sizeof(stored), sizeof(stored));
+    return fnv1a(FNV_OFFSET, buf, size - sizeof(stored)) == stored;
+}
+
 int moduleset_load(ModuleSet *s, const char *path, uint64_t model_fp, uint64_t doc_fp) {
     memset(s, 0, sizeof(*s));
     size_t size;
     unsigned char *buf = read_file(path, &size);
     if (!buf) return -1;
     ModuleFileHeader h;
-    if (size < sizeof(h)) {
-        fprintf(stderr, "error: %s is %zu bytes, shorter than a module file header\n", path, size);
+    if (size < sizeof(h) + sizeof(uint64_t)) {
+        fprintf(stderr, "error: %s is %zu bytes, shorter than a module file header and checksum\n", path, size);
         free(buf);
         return -1;
     }
     memcpy(&h, buf, sizeof(h));
-    const char *why = module_header_problem(&h);
+    /* what the file is and whether it holds the bytes it was written with, before any other field is used */
+    const char *why = h.magic != MODULE_MAGIC || h.version != MODULE_VERSION ? module_header_problem(&h)
+                    : !checksum_matches(buf, size) ? "its checksum does not match its bytes: the file is truncated or corrupt"
+                    : module_header_problem(&h);
     size_t table_bytes = why ? 0 : (size_t)h.n_layers * h.n_kv_heads * sizeof(ModuleFileEntry);
     if (!why && size < sizeof(h) + table_bytes) {
         fprintf(stderr, "error: %s is truncated (its module table is incomplete)\n", path);

@@ -31,6 +31,14 @@ int  read_token_ids(const char *path, int **ids);
 char *read_text_file(const char *path);
 /* A whole file, malloc'd with a NUL after its last byte; NULL after a sentence. */
 unsigned char *read_file(const char *path, size_t *size);
+/* Whether `path` can be a program's output, found before any work: not
+ * empty, not a directory, in a folder that exists and takes a new file (the
+ * temporary one of write_file_atomic), not an existing file that cannot be
+ * written (read-only or immutable: it would be replaced all the same), and
+ * none of the n inputs (NULL entries are skipped): the same file (device
+ * and inode) or the same path once links are resolved. 0, or -1 after a
+ * sentence naming `option`. */
+int  check_output(const char *option, const char *path, const char *const *inputs, int n);
 /* Writes n_parts buffers to path atomically: a temporary file, then rename. */
 int  write_file_atomic(const char *path, const void *const *parts, const size_t *sizes, int n_parts);
 /* Index of the first NaN or infinity in x (n), or n if every value is finite. */

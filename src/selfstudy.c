@@ -50,6 +50,7 @@ static void add_prompt(PromptBuilder *b, const int *tokens, int len, int questio
 }
 
 static const char *task_label(const SelfStudyOptions *o) { return o->label ? o->label : "tasks"; }
+static int patience(const SelfStudyOptions *o) { return o->patience > 1 ? o->patience : 1; }
 
 /* 1 when the builder holds a prompt whose question part is these n tokens */
 static int has_question(const PromptBuilder *b, const int *question, int n) {
@@ -322,7 +323,8 @@ static int try_task(const SelfStudyOptions *o, const SelfStudyInputs *in, const 
  * at its own distribution (temperature 1: diverse tasks), and answers them
  * greedily; a task is kept when try_task finds it well formed, new, and
  * about the document (tasks about what the document does not say, whose
- * answers are guesses, are left out). At most n_tasks of 8 n_tasks tries. */
+ * answers are guesses, are left out). At most n_tasks of 8 n_tasks tries (times
+ * the options' patience). */
 static void make_tasks(const SelfStudyOptions *o, const SelfStudyInputs *in, const int stop[2], PromptBuilder *b) {
     int *tokens = xmalloc((MAX_QUESTION + (size_t)o->prompt_len + o->answer_len) * sizeof(int));  /* a task's ids */
     int kept[3] = {0}, tries = 0;
@@ -331,7 +333,7 @@ static void make_tasks(const SelfStudyOptions *o, const SelfStudyInputs *in, con
     uint64_t rng = o->seed * 0x2545F4914F6CDD1DULL + 5;
     char *doc_text = decoded_text(in->tok, in->doc_ids, in->n_doc);
     double t0 = now_seconds();
-    for (int done = 0, kind = 0; done < o->n_tasks && tries < 8 * o->n_tasks; kind = (kind + 1) % 3) {
+    for (int done = 0, kind = 0; done < o->n_tasks && tries < 8 * patience(o) * o->n_tasks; kind = (kind + 1) % 3) {
         if (kept[kind] >= (o->n_tasks + 2 - kind) / 3) continue;
         tries++;
         int cue_chars = 3 + (int)(rng_u32(&rng) % 14), nq;  /* a quote's cue: 3..16 characters */
@@ -538,7 +540,7 @@ static void chat_answer_requests(const SelfStudyOptions *o, const SelfStudyInput
 /* Chat self-study tasks, CHAT_BATCH requests a round (chunks in turn, the
  * kinds in turn within them): the round's questions written in one batch of
  * rollouts, then all its requests answered in another; at most n_tasks
- * from 4 n_tasks requests. */
+ * from 4 n_tasks requests (times the options' patience). */
 static void make_chat_tasks(const SelfStudyOptions *o, const SelfStudyInputs *in, const int stop[2],
                             PromptBuilder *b) {
     enum { MAX_CHUNKS = 4096 };
@@ -556,8 +558,9 @@ static void make_chat_tasks(const SelfStudyOptions *o, const SelfStudyInputs *in
     sampler_init(&sampler, in->model->config.vocab_size, 0.7f, 0.9f, o->seed + 3);
     uint64_t rng = o->seed * 0x2545F4914F6CDD1DULL + 5;
     double t0 = now_seconds();
-    while (n_chunks > 0 && done < o->n_tasks && tries < 4 * o->n_tasks) {
-        for (cr.count = 0; cr.count < CHAT_BATCH && tries < 4 * o->n_tasks; cr.count++, tries++) {
+    int most = 4 * patience(o) * o->n_tasks;
+    while (n_chunks > 0 && done < o->n_tasks && tries < most) {
+        for (cr.count = 0; cr.count < CHAT_BATCH && tries < most; cr.count++, tries++) {
             int chunk = (tries / CHAT_KINDS) % n_chunks;
             cr.kind[cr.count] = tries % CHAT_KINDS;
             cr.request[cr.count] = chat_request(in->doc_text, start[chunk], end[chunk], cr.kind[cr.count], &rng);
@@ -679,6 +682,7 @@ void make_eval_tasks(const SelfStudyOptions *o, const SelfStudyInputs *in, const
     eval.seed = o->seed ^ 0xE7A15EEDULL;
     eval.n_tasks = n;
     eval.label = "evaluation-only tasks";
+    eval.patience = 3;  /* the self-study asked the likeliest tasks already: fewer new ones a try */
     if (n > 0 && in->tok && o->chat) make_chat_tasks(&eval, in, b.set.answer_stop, &b);
     else if (n > 0 && in->tok) make_tasks(&eval, in, b.set.answer_stop, &b);
     else if (n > 0) fprintf(stderr, "note: no evaluation-only tasks: they are text and need a tokenizer (-z)\n");

@@ -22,6 +22,7 @@ typedef struct {
     unsigned long long seed;
     const char *prompts_text_path, *prompts_ids_path;  /* the user's prompts, or NULL */
     const char *label;    /* what the tasks' progress lines call them (NULL: "tasks") */
+    int patience;         /* tries per task wanted: the tries' multiple of the self-study's (0 or 1: theirs) */
 } SelfStudyOptions;
 
 /* What self-study reads: the model, its tokenizer (or NULL), the document's

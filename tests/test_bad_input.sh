@@ -161,6 +161,33 @@ expect_error "train --batch x heads beyond int" "$bin/train" -m $model -D "$tmp/
 expect_error "train --stop-after -1" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --stop-after -1 \
     --checkpoint "$tmp/ck"
 expect_error "train -o a directory" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp"
+# no input is ever overwritten, and an output that cannot be written is found before any step (each run below
+# would train for 10^6 steps), the inputs' bytes unchanged
+long="--steps 1000000"
+cp "$tmp/doc.ids" "$tmp/keep.ids"
+ln -sf "$tmp/keep.ids" "$tmp/link.ids"
+expect_error "train -o the document (-D)" "$bin/train" -m $model -D "$tmp/keep.ids" -o "$tmp/keep.ids" $long
+expect_error "train -o the document, through a link" "$bin/train" -m $model -D "$tmp/link.ids" -o "$tmp/keep.ids" $long
+expect_error "train -o the model" "$bin/train" -m $model -D "$tmp/doc.ids" -o $model $long
+expect_error "train -o the --prompt-ids file" "$bin/train" -m $model -D "$tmp/doc.ids" --prompt-ids "$tmp/keep.ids" \
+    -o "$tmp/keep.ids" $long
+expect_error "train --checkpoint the document" "$bin/train" -m $model -D "$tmp/keep.ids" -o "$tmp/x.nectar" \
+    --checkpoint "$tmp/keep.ids" $long
+expect_error "train -o and --checkpoint the same file" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" \
+    --checkpoint "$tmp/x.nectar" $long
+cmp -s "$tmp/doc.ids" "$tmp/keep.ids" && [ ! -e "$tmp/x.nectar" ] && { printf '  %-52s ok\n' "the inputs unchanged, nothing written"
+    passed=$((passed + 1)); } || { printf '  %-52s FAIL\n' "the inputs unchanged, nothing written"; failed=$((failed + 1)); }
+expect_error "train -o empty" "$bin/train" -m $model -D "$tmp/doc.ids" -o "" $long
+expect_error "train -o in a folder that does not exist" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/none/x.nectar" $long
+expect_error "train -o /proc/version" "$bin/train" -m $model -D "$tmp/doc.ids" -o /proc/version $long
+: > "$tmp/readonly.nectar" && chmod 444 "$tmp/readonly.nectar"
+expect_error "train -o a read-only file" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/readonly.nectar" $long
+[ -s "$tmp/readonly.nectar" ] && { printf '  %-52s FAIL\n' "the read-only file kept"; failed=$((failed + 1)); }
+: > "$tmp/immutable.nectar"
+if chattr +i "$tmp/immutable.nectar" 2> /dev/null; then  # (root in a container that allows it)
+    expect_error "train -o an immutable file" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/immutable.nectar" $long
+    chattr -i "$tmp/immutable.nectar"
+fi
 seq 3 22 | tr '\n' ' ' > "$tmp/doc20.ids"
 # (by regression: its loss overflows; pure KL's saturates at a finite value)
 expect_error "train --lr 1e30 diverges" "$bin/train" -m $model -D "$tmp/doc20.ids" -o "$tmp/nan.nectar" \

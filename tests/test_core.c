@@ -650,7 +650,7 @@ static void test_module_file_roundtrip_and_fingerprints(void) {
     moduleset_alloc(&s, ARCH_MLP, 2, 3, 8, 1, 1, 1, sizes, 0);
     mlp_init(&s, 3, NULL, NULL);
     s.modules[4].input_scale = 0.25f;
-    s.n_doc = 100; s.rho = 0.1f; s.model_fingerprint = 111; s.doc_fingerprint = 222;
+    s.n_doc = 100; s.rho = 1.0f; s.model_fingerprint = 111; s.doc_fingerprint = 222;  /* rho: room for the sizes */
     const char *path = "tests/tmp_module.nectar";
     int ok = moduleset_save(&s, path) == 0 && moduleset_load(&back, path, 111, 222) == 0;
     ok = ok && back.n_params == s.n_params && memcmp(back.params, s.params, s.n_params * sizeof(float)) == 0 &&
@@ -1343,7 +1343,7 @@ static void test_module_file_keeps_answer_parts(void) {
     ModuleSet s, back;
     moduleset_alloc(&s, ARCH_MLP, 2, 3, 8, 1, 1, 1, sizes, 0);
     mlp_init(&s, 3, NULL, NULL);
-    s.n_doc = 100;
+    s.n_doc = 100; s.rho = 1.0f;
     s.heldout = (PromptSet){.n_prompts = 3, .offsets = offsets, .tokens = tokens, .split = split_flags,
                             .question_len = question_len, .answer_cap = 21, .answer_stop = {13, 2},
                             .n_nodoc_prefix = 2, .nodoc_prefix = prefix};
@@ -1356,10 +1356,13 @@ static void test_module_file_keeps_answer_parts(void) {
          !memcmp(h->split, split_flags, sizeof split_flags);
     if (ok) moduleset_free(&back);
     check("question lengths, splits, stops, cap and prefix round trip", ok);
-    /* a question of 5 tokens in a prompt of 4: the first question length, before the prefix at the end */
+    /* a question of 5 tokens in a prompt of 4: the first question length, before the prefix and the
+     * checksum at the end; the checksum written again, so that the question's check is the one reached */
     size_t size;
     unsigned char *bytes = read_file(path, &size);
-    memcpy(bytes + size - sizeof prefix - sizeof question_len, &(int32_t){5}, sizeof(int32_t));
+    memcpy(bytes + size - sizeof(uint64_t) - sizeof prefix - sizeof question_len, &(int32_t){5}, sizeof(int32_t));
+    uint64_t checksum = fnv1a(FNV_OFFSET, bytes, size - sizeof checksum);
+    memcpy(bytes + size - sizeof checksum, &checksum, sizeof checksum);
     const void *part = bytes;
     write_file_atomic(path, &part, &size, 1);
     fprintf(stderr, "    (one refusal expected below)\n");

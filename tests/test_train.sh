@@ -260,15 +260,31 @@ expect_refusal "module file shorter than its header is refused" "shorter than" \
 expect_refusal "module file with a bad magic number is refused" "not a Nectar module" \
     "$bin/infer" -m "$tmp/model.bin" -k "$tmp/magic.nectar" -I "$tmp/prompt.ids"
 # header fields (int32 at byte offsets): depths 24, 28, 32; n_doc 36; then 128 bytes of header and 3 x 2 table entries of 8
-cp "$tmp/fit.nectar" "$tmp/depths.nectar" && poke "$tmp/depths.nectar" 24 2147483647 2147483647 2
+cp "$tmp/fit.nectar" "$tmp/depths.nectar" && poke "$tmp/depths.nectar" 24 2147483647 2147483647 2 && reseal "$tmp/depths.nectar"
 expect_refusal "module file with depths whose sum overflows is refused" "inconsistent" \
     "$bin/infer" -m "$tmp/model.bin" -k "$tmp/depths.nectar" -I "$tmp/prompt.ids"
-cp "$tmp/fit.nectar" "$tmp/ndoc.nectar" && poke "$tmp/ndoc.nectar" 36 1
-expect_refusal "module file whose n_doc is not the document's is refused" "document of 1 tokens" \
+cp "$tmp/fit.nectar" "$tmp/ndoc.nectar" && poke "$tmp/ndoc.nectar" 36 1000 && reseal "$tmp/ndoc.nectar"
+expect_refusal "module file whose n_doc is not the document's is refused" "document of 1000 tokens" \
     "$bin/infer" -m "$tmp/model.bin" -D "$tmp/doc.ids" -k "$tmp/ndoc.nectar" -I "$tmp/prompt.ids"
-cp "$tmp/fit.nectar" "$tmp/nan.nectar" && poke "$tmp/nan.nectar" $((128 + 6 * 8)) 2143289344
+cp "$tmp/fit.nectar" "$tmp/nan.nectar" && poke "$tmp/nan.nectar" $((128 + 6 * 8)) 2143289344 && reseal "$tmp/nan.nectar"
 expect_refusal "module file with a NaN parameter is refused" "is nan" \
     "$bin/infer" -m "$tmp/model.bin" -k "$tmp/nan.nectar" -I "$tmp/prompt.ids"
+# any byte changed (a parameter: the bits of 1.0f) and not resealed: the checksum
+cp "$tmp/fit.nectar" "$tmp/flip.nectar" && poke "$tmp/flip.nectar" $((128 + 6 * 8)) 1065353216
+expect_refusal "module file with a changed byte is refused by its checksum" "checksum does not match" \
+    "$bin/infer" -m "$tmp/model.bin" -k "$tmp/flip.nectar" -I "$tmp/prompt.ids"
+# each header field against its range (resealed): rho (float at 40) NaN, -1, 1e30, and 1e-5 (a budget below
+# the modules' sizes); the chat flag (int at 80); an input scale of 0 and of inf (the table's first entry: its
+# size at 128, its scale at 132)
+for bad in "40 2143289344:NaN rho:rho is not a number" "40 -1082130432:rho -1:rho is not a number" \
+           "40 1900671690:rho 1e30:rho is not a number" \
+           "40 925353388:rho 1e-5, below the modules' size:larger than its budget" "80 7:chat flag 7:chat flag" \
+           "132 0:input scale 0:inconsistent" "132 2139095040:input scale inf:inconsistent"; do
+    field=${bad%%:*} rest=${bad#*:}
+    cp "$tmp/fit.nectar" "$tmp/field.nectar" && poke "$tmp/field.nectar" $field && reseal "$tmp/field.nectar"
+    expect_refusal "module file with ${rest%%:*} is refused" "${rest#*:}" \
+        "$bin/infer" -m "$tmp/model.bin" -k "$tmp/field.nectar" -I "$tmp/prompt.ids"
+done
 cp "$tmp/ck" "$tmp/ck_step" && poke "$tmp/ck_step" 8 -1
 expect_refusal "checkpoint with a negative step is refused" "step count is corrupt" \
     train -o "$tmp/x.nectar" --steps 400 --resume "$tmp/ck_step"
