@@ -369,12 +369,12 @@ typedef struct {
 /* The one place the device is chosen: uploads to the GPU with --gpu. */
 static int device_open(Device *dv, const Options *o, const Inputs *in) {
     memset(dv, 0, sizeof(*dv));
-    dv->gpu = o->gpu;
     dv->model = &in->model;
     dv->modules = in->has_modules ? &in->modules : NULL;
 #ifdef NECTAR_CUDA
     if (o->gpu) {
         if (nectar_cuda_init() != 0) return -1;
+        dv->gpu = 1;  /* from here on the device has copies to free */
         model_upload_cuda(&dv->model_dev, &in->model);
         if (in->has_modules) moduleset_upload_cuda(&dv->modules_dev, &in->modules, 0);
         dv->model = &dv->model_dev;
@@ -621,6 +621,16 @@ static void print_storage(const Inputs *in) {
             module_bytes, (double)kv_bytes / module_bytes);
 }
 
+/* The mode the options ask for, with the document as the device holds it. */
+static int run_mode(const Options *o, const Inputs *in, const Device *dv, double prefill_ms) {
+    Document doc = NO_DOCUMENT;
+    if (in->has_modules) doc = (Document){DOC_NECTAR, in->modules.n_doc, NULL, dv->modules};
+    else if (dv->has_cache) doc = (Document){DOC_EXACT, in->n_doc, &dv->cache, NULL};
+    if (in->has_modules) print_storage(in);
+    return o->qa_path ? run_qa(o, in, dv) : o->eval ? run_eval(o, in, dv)
+         : o->compare ? run_compare(o, in, dv, &doc) : run_generate(o, in, dv, &doc, prefill_ms);
+}
+
 int main(int argc, char **argv) {
     /* 1. options; --encode needs nothing else */
     Options o;
@@ -629,26 +639,20 @@ int main(int argc, char **argv) {
 
     /* 2. the model, tokenizer, document, modules and prompt */
     Inputs in;
-    if (load_inputs(&o, &in) != 0) return 1;
+    Device dv = {0};
+    int rc = load_inputs(&o, &in);
 
     /* 3. the device, and the document's KV cache on it (with a module, only
      * --eval, --compare and --qa need the cache) */
-    Device dv;
-    if (device_open(&dv, &o, &in) != 0) return 1;
+    if (rc == 0) rc = device_open(&dv, &o, &in);
     double t0 = now_seconds();
-    if (in.has_doc && (!in.has_modules || o.eval || o.compare || o.qa_path) && device_build_cache(&dv, &in) != 0)
-        return 1;
+    if (rc == 0 && in.has_doc && (!in.has_modules || o.eval || o.compare || o.qa_path))
+        rc = device_build_cache(&dv, &in);
     double prefill_ms = (now_seconds() - t0) * 1e3;
-    Document doc = NO_DOCUMENT;
-    if (in.has_modules) doc = (Document){DOC_NECTAR, in.modules.n_doc, NULL, dv.modules};
-    else if (dv.has_cache) doc = (Document){DOC_EXACT, in.n_doc, &dv.cache, NULL};
-    if (in.has_modules) print_storage(&in);
 
-    /* 4. the mode */
-    int rc = o.qa_path ? run_qa(&o, &in, &dv) : o.eval ? run_eval(&o, &in, &dv)
-           : o.compare ? run_compare(&o, &in, &dv, &doc) : run_generate(&o, &in, &dv, &doc, prefill_ms);
-    if (rc != 0) return 1;
+    /* 4. the mode, then everything freed (on the way out of an error too) */
+    if (rc == 0) rc = run_mode(&o, &in, &dv, prefill_ms);
     device_close(&dv);
     inputs_free(&in);
-    return 0;
+    return rc != 0;
 }

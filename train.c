@@ -1202,79 +1202,106 @@ static int evaluate_and_save(const Options *o, const Inputs *in, ModuleSet *ms, 
 
 /* ------------------------------------------------------------------------ */
 
+/* Everything a run holds, freed by run_free whichever step it stopped at. */
+typedef struct {
+    Inputs in;
+    ModuleSet ms, init;          /* the modules; --init's file until it is copied in */
+    PromptSet all, eval_tasks;   /* self-study, and the evaluation-only tasks */
+    unsigned char *is_train;     /* (all.n_prompts) the split */
+    TeacherData td;
+    Fit fit;
+} Run;
+
+static void run_free(Run *r) {
+    free(r->fit.adam.m); free(r->fit.adam.v); free(r->fit.dlogits); free(r->is_train);
+    runstate_free(&r->fit.teacher);
+    free(r->td.fit.q); free(r->td.fit.A); free(r->td.fit.alpha); free(r->td.logits); free(r->td.prompt);
+    free(r->td.start);
+    moduleset_free(&r->ms); moduleset_free(&r->init);
+    promptset_free(&r->all); promptset_free(&r->eval_tasks);
+    inputs_free(&r->in);
+}
+
+/* 3. the teacher pass and the challenge split; 4. the modules initialised,
+ * with the held-out prompts and the evaluation-only tasks. */
+static int teach_and_initialise(const Options *o, Run *r) {
+    const Config *c = &r->in.model.config;
+    float *embed = xmalloc((size_t)r->all.n_prompts * c->dim * sizeof(float));
+    int rc = teacher_pass(&r->in.model, &r->in.doc, &r->all, r->is_train, uses_kl(o),
+                          (size_t)o->teacher_logits_mb << 20, &r->td, embed);
+    if (rc == 0) mark_challenge(&r->all, r->is_train, embed, c->dim);
+    free(embed);
+    if (rc != 0) return -1;
+    PromptSet heldout = select_prompts(&r->all, r->is_train, 0);
+    r->ms.heldout = join_prompts(&heldout, &r->eval_tasks, SPLIT_TASKS);
+    promptset_free(&heldout);
+    if (o->init_path) return init_from_file(o->init_path, &r->init, &r->ms);
+    if (o->arch == ARCH_MLP) mlp_init_from_teacher(&r->ms, &r->td.fit, c, o->seed + 7);
+    else quad_init_from_cache(&r->ms, &r->in.cache);
+    return 0;
+}
+
+/* 5. fitting, from a checkpoint with --resume, to the last step asked for:
+ * *stopped when that is before the end. */
+static int fit_run(const Options *o, const FitBackend *backend, Run *r, double *fit_seconds, int *stopped) {
+    const Config *c = &r->in.model.config;
+    Fit *fit = &r->fit;
+    *fit = (Fit){.o = o, .model = &r->in.model, .ms = &r->ms, .td = &r->td, .prompts = &r->all, .doc = &r->in.doc,
+                 .adam = {xmalloc(r->ms.n_params * sizeof(float)), xmalloc(r->ms.n_params * sizeof(float)), 0}};
+    double var_alpha, var_A;
+    regression_normalisers(&r->td.fit, c, &var_alpha, &var_A);
+    make_stages(o, var_alpha, var_A, fit->stages);
+    int max_len = promptset_max_len(&r->all);
+    if (uses_kl(o)) fit->dlogits = xmalloc((size_t)max_len * c->vocab_size * sizeof(float));
+    if (uses_kl(o) && !r->td.logits) runstate_alloc(&fit->teacher, &r->in.model, &r->in.doc, max_len, max_len);
+    uint64_t run_hash = run_fingerprint(o, &r->in, &r->all);
+    if (o->resume_path && resume(o, fit, run_hash) != 0) return -1;
+    int last_step = o->stop_after > 0 && o->stop_after < total_steps(o) ? o->stop_after : total_steps(o);
+    backend->start(fit);
+    double t_fit = now_seconds();
+    int rc = fit_modules(fit, backend, run_hash, last_step);
+    backend->finish(fit);
+    *fit_seconds = now_seconds() - t_fit;
+    *stopped = last_step < total_steps(o);
+    if (rc == 0 && *stopped)
+        fprintf(stderr, "stopped after step %d as asked; resume with --resume %s%s\n", last_step,
+                o->checkpoint_path ? o->checkpoint_path : "(no --checkpoint given)",
+                o->init_path ? " instead of --init (the checkpoint holds the modules)" : "");
+    return rc;
+}
+
 int main(int argc, char **argv) {
     Options o;
     if (parse_options(argc, argv, &o) != 0) return 1;
     const FitBackend *backend = fit_backend(&o);
     if (!backend) return 1;
-    double t_start = now_seconds();
+    double t_start = now_seconds(), fit_seconds = 0;
+    Run r = {0};
+    int stopped = 0;
 
-    /* 1. the model, the tokenizer, the document and its KV cache */
-    Inputs in;
-    if (load_inputs(&o, &in) != 0) return 1;
-    const Config *c = &in.model.config;
-    /* the modules within the budget, and --init's: what cannot be used is refused before the long steps */
-    ModuleSet ms, init;
-    if (make_modules(&o, &in, &ms) != 0) return 1;
-    if (o.init_path && load_init(o.init_path, &in, &ms, &init) != 0) return 1;
+    /* 1. the model, the tokenizer, the document and its KV cache; the modules
+     * within the budget, and --init's: what cannot be used is refused before
+     * the long steps */
+    int rc = load_inputs(&o, &r.in);
+    if (rc == 0) rc = make_modules(&o, &r.in, &r.ms);
+    if (rc == 0 && o.init_path) rc = load_init(o.init_path, &r.in, &r.ms, &r.init);
 
-    /* 2. prompts and the split */
-    PromptSet prompt_set, *all = &prompt_set, eval_tasks;
-    if (make_prompts(&o, &in, all, &eval_tasks) != 0) return 1;
-    unsigned char *is_train = split_prompts(all->n_prompts, o.seed);
+    /* 2. prompts, the evaluation-only tasks and the split */
+    if (rc == 0) rc = make_prompts(&o, &r.in, &r.all, &r.eval_tasks);
+    if (rc == 0) r.is_train = split_prompts(r.all.n_prompts, o.seed);
 
-    /* 3. teacher pass, challenge split */
-    TeacherData td;
-    float *embed = xmalloc((size_t)all->n_prompts * c->dim * sizeof(float));
-    if (teacher_pass(&in.model, &in.doc, all, is_train, uses_kl(&o), (size_t)o.teacher_logits_mb << 20, &td,
-                     embed) != 0) return 1;
-    mark_challenge(all, is_train, embed, c->dim);
-    free(embed);
+    /* 3. the teacher pass and the challenge split; 4. the modules initialised */
+    if (rc == 0) rc = teach_and_initialise(&o, &r);
 
-    /* 4. the modules initialised, with the held-out prompts and the evaluation-only tasks */
-    PromptSet heldout = select_prompts(all, is_train, 0);
-    ms.heldout = join_prompts(&heldout, &eval_tasks, SPLIT_TASKS);
-    promptset_free(&heldout);
-    promptset_free(&eval_tasks);
-    if (o.init_path) {
-        if (init_from_file(o.init_path, &init, &ms) != 0) return 1;
-    } else if (o.arch == ARCH_MLP) mlp_init_from_teacher(&ms, &td.fit, c, o.seed + 7);
-    else quad_init_from_cache(&ms, &in.cache);
-
-    /* 5. fitting, from a checkpoint with --resume */
-    Fit fit = {.o = &o, .model = &in.model, .ms = &ms, .td = &td, .prompts = all, .doc = &in.doc,
-               .adam = {xmalloc(ms.n_params * sizeof(float)), xmalloc(ms.n_params * sizeof(float)), 0}};
-    double var_alpha, var_A;
-    regression_normalisers(&td.fit, c, &var_alpha, &var_A);
-    make_stages(&o, var_alpha, var_A, fit.stages);
-    int max_len = promptset_max_len(all);
-    if (uses_kl(&o)) fit.dlogits = xmalloc((size_t)max_len * c->vocab_size * sizeof(float));
-    if (uses_kl(&o) && !td.logits) runstate_alloc(&fit.teacher, &in.model, &in.doc, max_len, max_len);
-    uint64_t run_hash = run_fingerprint(&o, &in, all);
-    if (o.resume_path && resume(&o, &fit, run_hash) != 0) return 1;
-    int last_step = o.stop_after > 0 && o.stop_after < total_steps(&o) ? o.stop_after : total_steps(&o);
-    backend->start(&fit);
-    double t_fit = now_seconds();
-    if (fit_modules(&fit, backend, run_hash, last_step) != 0) return 1;
-    backend->finish(&fit);
-    double fit_seconds = now_seconds() - t_fit;
-    if (last_step < total_steps(&o)) {
-        fprintf(stderr, "stopped after step %d as asked; resume with --resume %s%s\n", last_step,
-                o.checkpoint_path ? o.checkpoint_path : "(no --checkpoint given)",
-                o.init_path ? " instead of --init (the checkpoint holds the modules)" : "");
-        return 0;
-    }
+    /* 5. fitting */
+    if (rc == 0) rc = fit_run(&o, backend, &r, &fit_seconds, &stopped);
 
     /* 6. metrics on the held-out prompts, the module file */
-    PromptSet fitted = o.eval_train ? select_prompts(all, is_train, 1) : (PromptSet){0};
-    if (evaluate_and_save(&o, &in, &ms, &fitted, fit_seconds, t_start) != 0) return 1;
-    promptset_free(&fitted);
-
-    free(fit.adam.m); free(fit.adam.v); free(fit.dlogits); free(is_train);
-    runstate_free(&fit.teacher);
-    free(td.fit.q); free(td.fit.A); free(td.fit.alpha); free(td.logits); free(td.prompt); free(td.start);
-    moduleset_free(&ms);
-    promptset_free(all);
-    inputs_free(&in);
-    return 0;
+    if (rc == 0 && !stopped) {
+        PromptSet fitted = o.eval_train ? select_prompts(&r.all, r.is_train, 1) : (PromptSet){0};
+        rc = evaluate_and_save(&o, &r.in, &r.ms, &fitted, fit_seconds, t_start);
+        promptset_free(&fitted);
+    }
+    run_free(&r);
+    return rc != 0;
 }

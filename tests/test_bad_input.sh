@@ -15,7 +15,7 @@ passed=0 failed=0
 # expect_error NAME CMD...: exit 1 with "error:" on stderr
 expect_error() {
     local name=$1; shift
-    ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 "$@" > "$tmp/out" 2> "$tmp/err"
+    "$@" > "$tmp/out" 2> "$tmp/err"
     local rc=$?
     if [ $rc -eq 1 ] && grep -q "^error: " "$tmp/err" && ! grep -q "Sanitizer\|runtime error" "$tmp/err"; then
         printf '  %-52s ok: %s\n' "$name" "$(grep -m 1 '^error: ' "$tmp/err" | head -c 150)"

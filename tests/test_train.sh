@@ -71,10 +71,10 @@ train -o "$tmp/resumed.nectar" --steps 400 --checkpoint "$tmp/ck" --stop-after 1
 [ ! -e "$tmp/resumed.nectar" ] && [ -s "$tmp/ck" ] && ok "--stop-after leaves a checkpoint, no module" || fail "--stop-after"
 train -o "$tmp/resumed.nectar" --steps 400 --resume "$tmp/ck" > /dev/null 2> "$tmp/log"
 cmp -s "$tmp/fit.nectar" "$tmp/resumed.nectar" && ok "resume equals the uninterrupted run, bit for bit" || fail "resume equals uninterrupted"
-ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 train -o "$tmp/x.nectar" --steps 400 --resume "$tmp/ck" --checkpoint "$tmp/ck2" \
+train -o "$tmp/x.nectar" --steps 400 --resume "$tmp/ck" --checkpoint "$tmp/ck2" \
     --stop-after 100 > /dev/null 2> "$tmp/log"
 [ $? -eq 1 ] && grep -q "^error: .*not after the checkpoint's step 150" "$tmp/log" && ok "--stop-after before the checkpoint's step is refused" || fail "--stop-after before the checkpoint"
-ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 "$bin/train" -m "$tmp/model.bin" -D "$tmp/doc.ids" -o "$tmp/x.nectar" --prompt-len 32 --steps 500 --resume "$tmp/ck" > /dev/null 2> "$tmp/log"
+"$bin/train" -m "$tmp/model.bin" -D "$tmp/doc.ids" -o "$tmp/x.nectar" --prompt-len 32 --steps 500 --resume "$tmp/ck" > /dev/null 2> "$tmp/log"
 [ $? -eq 1 ] && grep -q "^error: .*other data or options" "$tmp/log" && ok "a checkpoint of other options is refused" || fail "checkpoint mismatch refused"
 
 # --init: the same modules evaluate the same; pure KL goes on from a regression fit; other fits are refused
@@ -88,11 +88,11 @@ echo "    held-out KL(full || Nectar): regression fit $before, then 100 pure-KL 
 is "$after < $before && $after < $scratch" && ok "pure KL from --init a regression fit lowers the held-out KL" || fail "KL after --init"
 for bad in "-s 99:held out other prompts" "--arch quad:another architecture" "--rho 0.2:another architecture" \
            "--resume $tmp/ck:--init and --resume"; do
-    ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 train -o "$tmp/x.nectar" --init "$tmp/fit.nectar" --steps 10 ${bad%%:*} \
+    train -o "$tmp/x.nectar" --init "$tmp/fit.nectar" --steps 10 ${bad%%:*} \
         > /dev/null 2> "$tmp/log"
     [ $? -eq 1 ] && grep -q "^error: .*${bad#*:}" "$tmp/log" && ok "--init refused: ${bad%%:*}" || fail "--init with ${bad%%:*}: $(head -c 200 "$tmp/log")"
 done
-ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 train -o "$tmp/x.nectar" --init "$tmp/kl.nectar" -D "$tmp/doc2.ids" > /dev/null 2> "$tmp/log"
+train -o "$tmp/x.nectar" --init "$tmp/kl.nectar" -D "$tmp/doc2.ids" > /dev/null 2> "$tmp/log"
 [ $? -eq 1 ] && grep -q "^error: .*different document" "$tmp/log" && ok "--init refused: another document" || fail "--init with another document"
 
 # --kl-steps: the regression fit, then pure KL from it, in one run: what the
@@ -242,7 +242,7 @@ fi
 # refusals: another document, another model, truncated or corrupt files
 expect_refusal() {
     local name=$1 pattern=$2; shift 2
-    ASAN_OPTIONS=$ASAN_OPTIONS:detect_leaks=0 "$@" > /dev/null 2> "$tmp/err"
+    "$@" > /dev/null 2> "$tmp/err"
     local rc=$?
     [ $rc -eq 1 ] && grep -q "^error: .*$pattern" "$tmp/err" && ok "$name" || { fail "$name (exit $rc)"; cat "$tmp/err"; }
 }

@@ -361,7 +361,8 @@ static int pretrain(const Options *o) {
     workers_alloc(workers, &m, o);
     float *adam_m = xmalloc(m.n_params * sizeof(float)), *adam_v = xmalloc(m.n_params * sizeof(float));
     double t0 = now_seconds(), smooth = 0, tokens_seen = 0;
-    for (int step = 0; step < o->steps; step++) {
+    int rc = 0;
+    for (int step = 0; step < o->steps && rc == 0; step++) {
         /* copy curriculum: many "Repeat:" samples early, fewer later */
         float p_copy = o->p_copy_start + (o->p_copy_end - o->p_copy_start) * ((float)step / o->steps);
         run_workers(workers, step, p_copy, o->batch);
@@ -372,7 +373,8 @@ static int pretrain(const Options *o) {
         if (!isfinite(loss) || !isfinite(norm)) {  /* a NaN norm would pass the clipping unseen */
             fprintf(stderr, "\nerror: pretraining diverged at step %d (loss %g, gradient norm %g); lower --lr (%g)\n",
                     step + 1, loss, norm, o->lr);
-            return 1;
+            rc = -1;
+            break;
         }
         smooth = step ? 0.98 * smooth + 0.02 * loss : loss;
         for (int k = 0; k < N_WORKERS; k++) tokens_seen += workers[k].tokens_done;
@@ -382,9 +384,11 @@ static int pretrain(const Options *o) {
                     step + 1, o->steps, smooth, lr, norm, p_copy, tokens_seen / el, el,
                     el / (step + 1) * (o->steps - step - 1));
     }
-    fprintf(stderr, "\npretraining took %.1f minutes\n", (now_seconds() - t0) / 60);
-    model_refresh(&m);
-    int rc = write_outputs(o, &m);
+    if (rc == 0) {
+        fprintf(stderr, "\npretraining took %.1f minutes\n", (now_seconds() - t0) / 60);
+        model_refresh(&m);
+        rc = write_outputs(o, &m);
+    }
     workers_free(workers);
     free(adam_m); free(adam_v);
     model_free(&m);
