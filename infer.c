@@ -45,7 +45,7 @@ static void usage(FILE *f) {
         "                 before the prompt, which ends the turn; generation stops at the turn's end\n"
         "  -n N           tokens to generate (default 64; stops early at the context end or BOS)\n"
         "  -t T           temperature (default 1.0; 0 = greedy)\n"
-        "  -p P           top-p (default 0.9)\n"
+        "  -p P           top-p (default 0.9; 0 or 1: off, the whole distribution)\n"
         "  -s SEED        sampling seed (default 1234)\n"
         "  --ids          print the generated token ids, space-separated, on stdout\n"
         "  --encode       print the token ids of -i and exit (needs only -z; BOS first unless\n"
@@ -133,9 +133,11 @@ static const char *options_problem(const Options *o) {
 
 static int parse_options(int argc, char **argv, Options *o) {
     *o = (Options){.n_gen = 64, .temperature = 1.0f, .topp = 0.9f, .seed = 1234};
+    SeenOptions seen = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
+        if (option_once(&seen, a) != 0) return -1;
         if (parse_flag(a, o)) continue;
         if (!strcmp(a, "--qa") && i + 1 < argc) { o->qa_path = argv[++i]; continue; }
         if (a[0] != '-' || strlen(a) != 2 || i + 1 >= argc) {
@@ -152,12 +154,6 @@ static int parse_options(int argc, char **argv, Options *o) {
 /* ------------------------------------------------------------------------ */
 /* The model, tokenizer, document, modules and prompt                       */
 
-/* The tokenizer: -z, or the model's own when it is a GGUF file; NULL: none. */
-static const char *tokenizer_path(const Options *o) {
-    if (o->tok_path) return o->tok_path;
-    return o->model_path && is_gguf_file(o->model_path) ? o->model_path : NULL;
-}
-
 /* A tokenizer for --chat must know the template. */
 static int check_chat(const Options *o, const Tokenizer *tok) {
     if (o->chat && (!tok || !tok->chat_system)) {
@@ -169,7 +165,9 @@ static int check_chat(const Options *o, const Tokenizer *tok) {
 
 /* --encode: the token ids of -i, as the prompt would get them. */
 static int encode_only(const Options *o) {
-    const char *path = tokenizer_path(o);
+    int refused;
+    const char *path = tokenizer_source(o->model_path, o->tok_path, &refused);
+    if (refused) return 1;
     if (!path || !o->prompt_text) {
         fprintf(stderr, "error: --encode needs a tokenizer (-z, or a GGUF model -m) and -i \"text\"\n");
         return 1;
@@ -324,7 +322,9 @@ static int load_inputs(const Options *o, Inputs *in) {
         return -1;
     }
     if (model_load(&in->model, o->model_path) != 0) return -1;
-    const char *tok_path = tokenizer_path(o);
+    int refused;
+    const char *tok_path = tokenizer_source(o->model_path, o->tok_path, &refused);
+    if (refused) return -1;
     if (tok_path) {
         if (tokenizer_load(&in->tok, tok_path, in->model.config.vocab_size) != 0) return -1;
         in->tokp = &in->tok;

@@ -313,9 +313,13 @@ static int parse_options(int argc, char **argv, Options *o) {
                    .n_tasks = NOT_GIVEN, .prompt_len = NOT_GIVEN, .answer_len = NOT_GIVEN, .chat = -1,
                    .eval_tasks = 100, .teacher_logits_mb = 2048, .depth_backbone = 1, .depth_score = 1, .depth_target = 1, .groups = "",
                    .seed = 1234};
+    SeenOptions seen = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
+        if (option_once(&seen, a) != 0 ||
+            ((!strcmp(a, "--chat") || !strcmp(a, "--no-chat")) && option_once(&seen, "--chat or --no-chat") != 0))
+            return -1;
         if (!strcmp(a, "--json")) { o->json = 1; continue; }
         if (!strcmp(a, "--eval-train")) { o->eval_train = 1; continue; }
         if (!strcmp(a, "--gpu")) { o->gpu = 1; continue; }
@@ -390,7 +394,9 @@ static int load_inputs(Options *o, Inputs *in) {
                 o->batch, c->n_heads, INT_MAX / c->n_heads);
         return -1;
     }
-    const char *tok_path = o->tok_path ? o->tok_path : is_gguf_file(o->model_path) ? o->model_path : NULL;
+    int refused;
+    const char *tok_path = tokenizer_source(o->model_path, o->tok_path, &refused);
+    if (refused) return -1;
     if (tok_path) {
         if (tokenizer_load(&in->tok, tok_path, c->vocab_size) != 0) return -1;
         in->tokp = &in->tok;
@@ -435,7 +441,7 @@ static void inputs_free(Inputs *in) {
  * tasks, made as its tasks from another seed. */
 static int make_prompts(const Options *o, const Inputs *in, PromptSet *all, PromptSet *eval_tasks) {
     SelfStudyOptions so = {o->n_prompts, o->n_tasks, o->prompt_len, o->answer_len, o->chat, o->seed,
-                           o->prompts_text_path, o->prompts_ids_path, NULL, 0};
+                           o->prompts_text_path, o->prompts_ids_path, NULL, 0};  /* no label, not eval-only */
     SelfStudyInputs si = {&in->model, in->tokp, in->doc_text, in->doc_ids, in->n_doc, &in->doc};
     if (make_prompt_set(&so, &si, all) != 0) return -1;
     make_eval_tasks(&so, &si, all, o->eval_tasks, eval_tasks);
@@ -677,11 +683,15 @@ static int make_modules(const Options *o, const Inputs *in, ModuleSet *ms) {
                     "from; keep rho x multiplier <= 1\n", l, sizes[l], n_doc);
             goto done;
         }
+        if (sizes[l] < 1) {
+            fprintf(stderr, "error: rho %g leaves layer %d no room for even one %s of a document of %d tokens; "
+                    "raise --rho%s\n", o->rho, l, o->arch == ARCH_MLP ? "hidden unit" : "pair", n_doc,
+                    o->arch == ARCH_MLP ? " or lower the depths" : "");
+            goto done;
+        }
     }
-    if (moduleset_alloc(ms, o->arch, L, G, d, o->depth_backbone, o->depth_score, o->depth_target, sizes, 1) != 0) {
-        fprintf(stderr, "error: raise --rho (the document has %d tokens) or lower the depths\n", n_doc);
+    if (moduleset_alloc(ms, o->arch, L, G, d, o->depth_backbone, o->depth_score, o->depth_target, sizes, 1) != 0)
         goto done;
-    }
     ms->n_doc = n_doc; ms->rho = o->rho; ms->chat = o->chat;
     ms->model_fingerprint = in->model.fingerprint; ms->doc_fingerprint = in->cache.fingerprint;
     long kv_entries = 2L * n_doc * d * L * G;

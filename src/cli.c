@@ -55,6 +55,17 @@ void report_last_option(const char *option, const char *value_options) {
             strstr(value_options, word) ? "needs a value" : "is unknown");
 }
 
+int option_once(SeenOptions *s, const char *option) {
+    for (int k = 0; k < s->n; k++)
+        if (!strcmp(s->names[k], option)) {
+            fprintf(stderr, "error: %s is given twice; give it once\n", option);
+            return -1;
+        }
+    if (s->n == MAX_OPTIONS) { fprintf(stderr, "error: more than %d options\n", MAX_OPTIONS); return -1; }
+    s->names[s->n++] = option;
+    return 0;
+}
+
 void print_progress(const char *what, int done, int total, double t_start) {
     double elapsed = now_seconds() - t_start;
     if (done < 1) { fprintf(stderr, "\r%s 0/%d  %.1fs  ETA unknown   ", what, total, elapsed); return; }

@@ -19,6 +19,13 @@ int parse_seed_option(const char *option, const char *text, unsigned long long *
  * when it is one of value_options (" -a --bee ... ", each between spaces),
  * else "is unknown". */
 void report_last_option(const char *option, const char *value_options);
+/* The options of a command line so far, to refuse one given twice (a
+ * program has fewer than MAX_OPTIONS of them). */
+enum { MAX_OPTIONS = 64 };
+typedef struct { const char *names[MAX_OPTIONS]; int n; } SeenOptions;
+/* 0, or -1 after "error: OPTION is given twice" when it is one of s's; it
+ * joins them. */
+int option_once(SeenOptions *s, const char *option);
 /* What --gpu says in the CPU-only build. */
 #define NO_GPU_SUPPORT "this is the CPU-only build; --gpu is in build-gpu/ (make gpu, where nvcc is found)"
 

@@ -97,18 +97,28 @@ int check_output(const char *option, const char *path, const char *const *inputs
     return 0;
 }
 
-unsigned char *read_file(const char *path, size_t *size) {
+FILE *open_regular_file(const char *path, const char *what) {
     FILE *f = fopen(path, "rb");
+    const char *space = what[0] ? " " : "";
     if (!f) {
-        fprintf(stderr, "error: cannot open %s: %s\n", path, strerror(errno));
+        fprintf(stderr, "error: cannot open %s%s%s: %s\n", what, space, path, strerror(errno));
         return NULL;
     }
     struct stat st;
     if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-        fprintf(stderr, "error: %s is not a regular file\n", path);
+        fprintf(stderr, "error: %s%s%s is %s, not a file\n", what, space, path,
+                S_ISDIR(st.st_mode) ? "a directory" : "not a regular file");
         fclose(f);
         return NULL;
     }
+    return f;
+}
+
+unsigned char *read_file(const char *path, size_t *size) {
+    FILE *f = open_regular_file(path, "");
+    if (!f) return NULL;
+    struct stat st;
+    fstat(fileno(f), &st);
     long end = (long)st.st_size;
     unsigned char *buf = xmalloc((size_t)end + 1);
     if (fread(buf, 1, (size_t)end, f) != (size_t)end) {
@@ -138,8 +148,8 @@ char *read_text_file(const char *path) {
 
 int read_token_ids(const char *path, int **ids) {
     *ids = NULL;
-    FILE *f = fopen(path, "r");
-    if (!f) { fprintf(stderr, "error: cannot open token id file %s: %s\n", path, strerror(errno)); return -1; }
+    FILE *f = open_regular_file(path, "token id file");
+    if (!f) return -1;
     int n = 0, cap = 64, line = 1, c, ret = -1;
     int *a = malloc((size_t)cap * sizeof *a);
     char word[64];

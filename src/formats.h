@@ -5,6 +5,8 @@
 #ifndef NECTAR_FORMATS_H
 #define NECTAR_FORMATS_H
 
+#include <stdio.h>
+
 #include "../nectar.h"
 
 /* A model file, told apart by its first bytes: a GGUF file of the Llama
@@ -24,6 +26,10 @@ int  model_save(const Model *m, const char *path);
 int  moduleset_save(const ModuleSet *s, const char *path);
 int  moduleset_load(ModuleSet *s, const char *path, uint64_t model_fp, uint64_t doc_fp);
 
+/* path opened for reading ("rb"), if it is a regular file: NULL after a
+ * sentence naming `what` ("tokenizer file", or "") when it cannot be opened or
+ * is a directory or another kind of file. */
+FILE *open_regular_file(const char *path, const char *what);
 /* Whitespace-separated integers; returns the count and a malloc'd array. */
 int  read_token_ids(const char *path, int **ids);
 /* A whole text file, NUL-terminated, malloc'd; NULL after a sentence (also

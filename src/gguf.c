@@ -36,6 +36,7 @@
 #define DEFAULT_ALIGNMENT 32
 #define MAX_ARRAY_DEPTH 8      /* arrays of arrays of ... deeper than this are refused */
 #define MAX_SHOWN 96           /* at most this many bytes of a key or name in a message */
+#define MESSAGE_ROOM (4 * MAX_SHOWN + 64)  /* a message part that holds one, escaped */
 
 /* ------------------------------------------------------------------------ */
 /* Errors                                                                   */
@@ -60,19 +61,22 @@ static int fail(const char *file, const char *fmt, ...) {
 }
 
 /* A key, name or string value from the file made fit for a one-line
- * message: at most MAX_SHOWN bytes, control bytes as '?'. Used as
- * show(s).text within the one call (C11 keeps the returned struct alive to
- * the end of the full expression). */
-typedef struct { char text[MAX_SHOWN + 4]; } Shown;
+ * message: at most MAX_SHOWN bytes, each byte that is not printable ASCII
+ * (and the backslash) as \xNN, so that an untrusted file puts no control
+ * byte or invalid UTF-8 on the terminal. Used as show(s).text within the
+ * one call (C11 keeps the returned struct alive to the end of the full
+ * expression). */
+typedef struct { char text[4 * MAX_SHOWN + 4]; } Shown;
 
 static Shown show(GgufString s) {
     Shown out;
-    size_t n = s.len > MAX_SHOWN ? MAX_SHOWN : s.len;
+    size_t n = s.len > MAX_SHOWN ? MAX_SHOWN : s.len, len = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s.ptr[i];
-        out.text[i] = c < 0x20 || c == 0x7f ? '?' : (char)c;
+        if (c < 0x20 || c >= 0x7f || c == '\\') len += (size_t)snprintf(out.text + len, 5, "\\x%02x", c);
+        else out.text[len++] = (char)c;
     }
-    memcpy(out.text + n, s.len > n ? "..." : "", s.len > n ? 4 : 1);
+    memcpy(out.text + len, s.len > n ? "..." : "", s.len > n ? 4 : 1);
     return out;
 }
 
@@ -162,7 +166,7 @@ int gguf_can_dequantize(uint32_t type) {
 typedef struct {
     GgufFile *f;
     size_t pos;              /* the next byte to read */
-    char where[160];         /* what is being read, for messages */
+    char where[MESSAGE_ROOM]; /* what is being read, for messages */
 } Parser;
 
 PRINTF_LIKE(2, 3)
@@ -623,25 +627,25 @@ static const GgufKV *require_key(const GgufFile *f, const char *key, char *what,
 }
 
 int gguf_get_uint(const GgufFile *f, const char *key, uint64_t *out) {
-    char what[160];
+    char what[MESSAGE_ROOM];
     const GgufKV *kv = require_key(f, key, what, sizeof what);
     return kv ? value_as_uint(f->name, what, kv->type, kv->value, out) : -1;
 }
 
 int gguf_get_int(const GgufFile *f, const char *key, int64_t *out) {
-    char what[160];
+    char what[MESSAGE_ROOM];
     const GgufKV *kv = require_key(f, key, what, sizeof what);
     return kv ? value_as_int(f->name, what, kv->type, kv->value, out) : -1;
 }
 
 int gguf_get_float(const GgufFile *f, const char *key, double *out) {
-    char what[160];
+    char what[MESSAGE_ROOM];
     const GgufKV *kv = require_key(f, key, what, sizeof what);
     return kv ? value_as_float(f->name, what, kv->type, kv->value, out) : -1;
 }
 
 int gguf_get_bool(const GgufFile *f, const char *key, int *out) {
-    char what[160];
+    char what[MESSAGE_ROOM];
     const GgufKV *kv = require_key(f, key, what, sizeof what);
     if (!kv) return -1;
     if (kv->type != GGUF_VALUE_BOOL)
@@ -659,7 +663,7 @@ static GgufString string_at(const uint8_t *p) {
 }
 
 int gguf_get_string(const GgufFile *f, const char *key, GgufString *out) {
-    char what[160];
+    char what[MESSAGE_ROOM];
     const GgufKV *kv = require_key(f, key, what, sizeof what);
     if (!kv) return -1;
     if (kv->type != GGUF_VALUE_STRING)
@@ -669,7 +673,7 @@ int gguf_get_string(const GgufFile *f, const char *key, GgufString *out) {
 }
 
 const GgufKV *gguf_get_array(const GgufFile *f, const char *key) {
-    char what[160];
+    char what[MESSAGE_ROOM];
     const GgufKV *kv = require_key(f, key, what, sizeof what);
     if (kv && kv->type != GGUF_VALUE_ARRAY) {
         fail(f->name, "%s has type %s, not array", what, gguf_value_type_name(kv->type));
@@ -695,19 +699,19 @@ static const uint8_t *array_element(const GgufKV *a, uint64_t i, char *what, siz
 }
 
 int gguf_array_int(const GgufKV *array, uint64_t i, int64_t *out) {
-    char what[160];
+    char what[MESSAGE_ROOM];
     const uint8_t *p = array_element(array, i, what, sizeof what);
     return p ? value_as_int(NULL, what, array->array_type, p, out) : -1;
 }
 
 int gguf_array_float(const GgufKV *array, uint64_t i, double *out) {
-    char what[160];
+    char what[MESSAGE_ROOM];
     const uint8_t *p = array_element(array, i, what, sizeof what);
     return p ? value_as_float(NULL, what, array->array_type, p, out) : -1;
 }
 
 int gguf_array_string(const GgufKV *array, uint64_t i, GgufString *out) {
-    char what[160];
+    char what[MESSAGE_ROOM];
     const uint8_t *p = array_element(array, i, what, sizeof what);
     if (!p) return -1;
     if (array->array_type != GGUF_VALUE_STRING)

@@ -50,7 +50,7 @@ static void add_prompt(PromptBuilder *b, const int *tokens, int len, int questio
 }
 
 static const char *task_label(const SelfStudyOptions *o) { return o->label ? o->label : "tasks"; }
-static int patience(const SelfStudyOptions *o) { return o->patience > 1 ? o->patience : 1; }
+static int patience(const SelfStudyOptions *o) { return o->eval_only ? 3 : 1; }
 
 /* 1 when the builder holds a prompt whose question part is these n tokens */
 static int has_question(const PromptBuilder *b, const int *question, int n) {
@@ -459,6 +459,25 @@ static int encode_request(const Tokenizer *tok, const char *text, int *ids, int 
     return n;
 }
 
+/* A request of `kind` about chunk k, or, for evaluation-only tasks, a quote
+ * or summary request that no prompt of b asks yet: drawn again, from any
+ * chunk, up to FRESH_DRAWS times (a question is the model's to write, and
+ * is checked once written). malloc'd. */
+enum { FRESH_DRAWS = 16 };
+static char *next_request(const SelfStudyOptions *o, const SelfStudyInputs *in, const PromptBuilder *b,
+                          const int *start, const int *end, int n_chunks, int k, int kind, uint64_t *rng) {
+    char *request = chat_request(in->doc_text, start[k], end[k], kind, rng);
+    int ids[REQUEST_MAX];
+    for (int draw = 1; o->eval_only && kind != CHAT_QUESTION && draw < FRESH_DRAWS; draw++) {
+        int n = encode_request(in->tok, request, ids, REQUEST_MAX);
+        if (n > 0 && !has_question(b, ids, n)) break;
+        free(request);
+        k = (int)(rng_u32(rng) % n_chunks);
+        request = chat_request(in->doc_text, start[k], end[k], kind, rng);
+    }
+    return request;
+}
+
 /* A chat round: CHAT_BATCH requests, their ids and generations. */
 typedef struct {
     char *request[CHAT_BATCH];  /* each request's text (NULL: dropped) */
@@ -562,8 +581,10 @@ static void make_chat_tasks(const SelfStudyOptions *o, const SelfStudyInputs *in
     while (n_chunks > 0 && done < o->n_tasks && tries < most) {
         for (cr.count = 0; cr.count < CHAT_BATCH && tries < most; cr.count++, tries++) {
             int chunk = (tries / CHAT_KINDS) % n_chunks;
-            cr.kind[cr.count] = tries % CHAT_KINDS;
-            cr.request[cr.count] = chat_request(in->doc_text, start[chunk], end[chunk], cr.kind[cr.count], &rng);
+            /* evaluation-only: questions and quotes in turn (a summary request is one a chunk, and the
+             * self-study asks them all already) */
+            cr.kind[cr.count] = o->eval_only ? (tries % 2 ? CHAT_QUOTE : CHAT_QUESTION) : tries % CHAT_KINDS;
+            cr.request[cr.count] = next_request(o, in, b, start, end, n_chunks, chunk, cr.kind[cr.count], &rng);
         }
         chat_write_questions(in, &s, &sampler, stop, &cr);
         chat_answer_requests(o, in, &s, stop, &cr, b, kept, o->n_tasks - done);
@@ -682,7 +703,7 @@ void make_eval_tasks(const SelfStudyOptions *o, const SelfStudyInputs *in, const
     eval.seed = o->seed ^ 0xE7A15EEDULL;
     eval.n_tasks = n;
     eval.label = "evaluation-only tasks";
-    eval.patience = 3;  /* the self-study asked the likeliest tasks already: fewer new ones a try */
+    eval.eval_only = 1;  /* the self-study asked the likeliest tasks already: fewer new ones a try */
     if (n > 0 && in->tok && o->chat) make_chat_tasks(&eval, in, b.set.answer_stop, &b);
     else if (n > 0 && in->tok) make_tasks(&eval, in, b.set.answer_stop, &b);
     else if (n > 0) fprintf(stderr, "note: no evaluation-only tasks: they are text and need a tokenizer (-z)\n");

@@ -22,7 +22,8 @@ typedef struct {
     unsigned long long seed;
     const char *prompts_text_path, *prompts_ids_path;  /* the user's prompts, or NULL */
     const char *label;    /* what the tasks' progress lines call them (NULL: "tasks") */
-    int patience;         /* tries per task wanted: the tries' multiple of the self-study's (0 or 1: theirs) */
+    int eval_only;        /* evaluation-only tasks, asked after the self-study's: 3 times its tries, and a
+                           * chat quote or summary request drawn again while it repeats one asked already */
 } SelfStudyOptions;
 
 /* What self-study reads: the model, its tokenizer (or NULL), the document's

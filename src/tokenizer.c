@@ -64,11 +64,8 @@ static int load_tokenizer_bin(Tokenizer *t, const char *path, int vocab_size) {
     int cap = 0;
     int32_t mtl, len;
     float score;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "error: cannot open tokenizer file %s: %s\n", path, strerror(errno));
-        return -1;
-    }
+    FILE *f = open_regular_file(path, "tokenizer file");
+    if (!f) return -1;
     if (fread(&mtl, 1, 4, f) != 4) { snprintf(err, sizeof err, "is too short to hold its 4-byte header"); goto fail; }
     if (mtl < 0 || mtl > MAX_TOKEN_BYTES) {
         snprintf(err, sizeof err, "has an implausible max_token_length of %ld", (long)mtl);
@@ -285,7 +282,7 @@ static int load_gguf_bpe(Tokenizer *t, const GgufFile *g, const GgufKV *tokens) 
         rc = gguf_array_string(merges, i, &s);
         merge[i] = s.ptr; merge_len[i] = s.len;
     }
-    if (rc == 0) rc = bpe_init(&t->bpe, (int)V, pieces, piece_len, type, (int)M, merge, merge_len, pre);
+    if (rc == 0) rc = bpe_init(&t->bpe, g->name, (int)V, pieces, piece_len, type, (int)M, merge, merge_len, pre);
     free(pieces); free(merge); free(piece_len); free(merge_len); free(type); free(pre);
     return rc ? -1 : 0;
 }
@@ -362,6 +359,15 @@ static int load_gguf_tokenizer(Tokenizer *t, const char *path) {
 
 /* ------------------------------------------------------------------------ */
 /* The tokenizer's interface                                                */
+
+const char *tokenizer_source(const char *model_path, const char *tok_path, int *refused) {
+    int gguf = model_path && is_gguf_file(model_path);
+    *refused = gguf && tok_path;
+    if (*refused)
+        fprintf(stderr, "error: -z %s: the model %s is a GGUF file that brings its own tokenizer; drop -z\n",
+                tok_path, model_path);
+    return *refused ? NULL : tok_path ? tok_path : gguf ? model_path : NULL;
+}
 
 int tokenizer_load(Tokenizer *t, const char *path, int vocab_size) {
     memset(t, 0, sizeof *t);

@@ -32,6 +32,10 @@ typedef struct {
     size_t piece_cap;
 } Tokenizer;
 
+/* The tokenizer to load: -z's tokenizer.bin (NULL: none given), or a GGUF
+ * model's own; NULL without either, or after a sentence (in *refused) when
+ * -z is given with a GGUF model, whose tokenizer is part of it. */
+const char *tokenizer_source(const char *model_path, const char *tok_path, int *refused);
 /* A tokenizer.bin, or the tokenizer of a GGUF file (told apart by content);
  * vocab_size 0: every entry in the file, else the model's (checked). */
 int  tokenizer_load(Tokenizer *t, const char *path, int vocab_size);

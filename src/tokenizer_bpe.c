@@ -31,6 +31,7 @@
 #include "tokenizer_bpe.h"
 #include "unicode_tables.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,21 +184,31 @@ static int piece_find(const PieceIndex *ix, const char *a, size_t na, const char
     }
 }
 
+/* A sentence about building the tokenizer of `source` (the file its
+ * vocabulary comes from): "error: SOURCE: ..."; returns -1. */
+static int init_fail(const char *source, const char *fmt, ...) {
+    va_list args;
+    va_start(args, fmt);
+    fprintf(stderr, "error: %s: ", source);
+    vfprintf(stderr, fmt, args);
+    fputc('\n', stderr);
+    va_end(args);
+    return -1;
+}
+
 /* Indexes every piece; refuses a piece that appears twice. */
-static int piece_index_build(PieceIndex *ix, int n_vocab, const char *const *pieces, const size_t *piece_len) {
+static int piece_index_build(const char *source, PieceIndex *ix, int n_vocab, const char *const *pieces, const size_t *piece_len) {
     ix->pieces = pieces;
     ix->piece_len = piece_len;
     ix->mask = table_size(n_vocab) - 1;
     ix->slots = malloc(((size_t)ix->mask + 1) * sizeof *ix->slots);
-    if (!ix->slots) { fprintf(stderr, "error: out of memory for the BPE vocabulary index\n"); return -1; }
+    if (!ix->slots) return init_fail(source, "out of memory for the BPE vocabulary index");
     memset(ix->slots, 0xFF, ((size_t)ix->mask + 1) * sizeof *ix->slots); /* every slot -1 */
     for (int id = 0; id < n_vocab; id++) {
         int other = piece_find(ix, pieces[id], piece_len[id], "", 0);
-        if (other >= 0) {
-            fprintf(stderr, "error: BPE tokens %d and %d are the same piece \"%.*s\"\n", other, id,
-                    (int)(piece_len[id] < 64 ? piece_len[id] : 64), pieces[id]);
-            return -1;
-        }
+        if (other >= 0)
+            return init_fail(source, "BPE tokens %d and %d are the same piece \"%.*s\"", other, id,
+                             (int)(piece_len[id] < 64 ? piece_len[id] : 64), pieces[id]);
         uint32_t slot = (uint32_t)fnv1a(pieces[id], piece_len[id], "", 0) & ix->mask;
         while (ix->slots[slot] >= 0) slot = (slot + 1) & ix->mask;
         ix->slots[slot] = id;
@@ -261,19 +272,19 @@ static long byte_level_decode(const unsigned char *p, size_t n, const int16_t *b
 
 /* t->bytes: what each token stands for (control and user-defined tokens, and
  * pieces that are not byte-level spellings, stand for their own text). */
-static int build_token_bytes(BpeTokenizer *t, const char *const *pieces, const size_t *piece_len,
+static int build_token_bytes(const char *source, BpeTokenizer *t, const char *const *pieces, const size_t *piece_len,
                              const int32_t *types, const uint32_t char_of_byte[256]) {
     int16_t byte_of_char[324]; /* (256 + 68) the inverse map; -1: no byte */
     for (int c = 0; c < 324; c++) byte_of_char[c] = -1;
     for (int b = 0; b < 256; b++) byte_of_char[char_of_byte[b]] = (int16_t)b;
     size_t total = 0;
     for (int id = 0; id < t->n_vocab; id++) {
-        if (piece_len[id] > SIZE_MAX / 2 - total) { fprintf(stderr, "error: the BPE pieces are too long\n"); return -1; }
+        if (piece_len[id] > SIZE_MAX / 2 - total) return init_fail(source, "the BPE pieces are too long");
         total += piece_len[id];
     }
     t->bytes = malloc(total ? total : 1);
     t->bytes_offset = malloc(((size_t)t->n_vocab + 1) * sizeof *t->bytes_offset);
-    if (!t->bytes || !t->bytes_offset) { fprintf(stderr, "error: out of memory for the BPE pieces\n"); return -1; }
+    if (!t->bytes || !t->bytes_offset) return init_fail(source, "out of memory for the BPE pieces");
     size_t at = 0;
     for (int id = 0; id < t->n_vocab; id++) {
         int special = types && (types[id] == BPE_TOKEN_CONTROL || types[id] == BPE_TOKEN_USER_DEFINED);
@@ -297,27 +308,23 @@ static void find_byte_tokens(BpeTokenizer *t, const PieceIndex *ix, const uint32
 }
 
 /* t->merges from the strings "A B": rank i for merges[i]. */
-static int build_merge_table(BpeTokenizer *t, const PieceIndex *ix, int n_merges,
+static int build_merge_table(const char *source, BpeTokenizer *t, const PieceIndex *ix, int n_merges,
                              const char *const *merges, const size_t *merge_len) {
     t->merge_mask = table_size(n_merges) - 1;
     t->merges = malloc(((size_t)t->merge_mask + 1) * sizeof *t->merges);
-    if (!t->merges) { fprintf(stderr, "error: out of memory for the BPE merges\n"); return -1; }
+    if (!t->merges) return init_fail(source, "out of memory for the BPE merges");
     memset(t->merges, 0xFF, ((size_t)t->merge_mask + 1) * sizeof *t->merges); /* left -1: empty */
     for (int i = 0; i < n_merges; i++) {
         const char *m = merges[i], *space = memchr(m, ' ', merge_len[i]);
         int shown = (int)(merge_len[i] < 64 ? merge_len[i] : 64);
-        if (!space || memchr(space + 1, ' ', merge_len[i] - (size_t)(space + 1 - m))) {
-            fprintf(stderr, "error: BPE merge %d \"%.*s\" does not hold exactly one space\n", i, shown, m);
-            return -1;
-        }
+        if (!space || memchr(space + 1, ' ', merge_len[i] - (size_t)(space + 1 - m)))
+            return init_fail(source, "BPE merge %d \"%.*s\" does not hold exactly one space", i, shown, m);
         size_t n_left = (size_t)(space - m), n_right = merge_len[i] - n_left - 1;
         int left = piece_find(ix, m, n_left, "", 0), right = piece_find(ix, space + 1, n_right, "", 0);
         int merged = piece_find(ix, m, n_left, space + 1, n_right);
-        if (left < 0 || right < 0 || merged < 0) {
-            fprintf(stderr, "error: BPE merge %d \"%.*s\": %s not in the vocabulary\n", i, shown, m,
-                    left < 0 ? "its left part is" : right < 0 ? "its right part is" : "the joined piece is");
-            return -1;
-        }
+        if (left < 0 || right < 0 || merged < 0)
+            return init_fail(source, "BPE merge %d \"%.*s\": %s not in the vocabulary", i, shown, m,
+                             left < 0 ? "its left part is" : right < 0 ? "its right part is" : "the joined piece is");
         merge_insert(t, (BpeMerge){left, right, i, merged});
     }
     return 0;
@@ -334,14 +341,14 @@ static int special_key_order(const void *pa, const void *pb) {
 }
 
 /* t->special_ids: the control and user-defined tokens with a non-empty piece. */
-static int build_special_list(BpeTokenizer *t, const int32_t *types) {
+static int build_special_list(const char *source, BpeTokenizer *t, const int32_t *types) {
     int n = 0;
     for (int id = 0; types && id < t->n_vocab; id++)
         n += (types[id] == BPE_TOKEN_CONTROL || types[id] == BPE_TOKEN_USER_DEFINED) &&
              t->bytes_offset[id + 1] > t->bytes_offset[id];
     SpecialKey *keys = malloc((size_t)(n ? n : 1) * sizeof *keys); /* (n) */
     t->special_ids = malloc((size_t)(n ? n : 1) * sizeof *t->special_ids);
-    if (!keys || !t->special_ids) { free(keys); fprintf(stderr, "error: out of memory for the BPE control tokens\n"); return -1; }
+    if (!keys || !t->special_ids) { free(keys); return init_fail(source, "out of memory for the BPE control tokens"); }
     for (int id = 0, k = 0; k < n; id++) {
         size_t len = t->bytes_offset[id + 1] - t->bytes_offset[id];
         if ((types[id] == BPE_TOKEN_CONTROL || types[id] == BPE_TOKEN_USER_DEFINED) && len > 0)
@@ -359,53 +366,45 @@ static int build_special_list(BpeTokenizer *t, const int32_t *types) {
 }
 
 /* The counts, pointers, token types and the pre-tokenizer's name. */
-static int check_init_args(int n_vocab, const char *const *pieces, const size_t *piece_len, const int32_t *types,
+static int check_init_args(const char *source, int n_vocab, const char *const *pieces, const size_t *piece_len, const int32_t *types,
                            int n_merges, const char *const *merges, const size_t *merge_len, const char *pre,
                            int *pre_kind) {
-    if (n_vocab <= 0 || n_vocab > BPE_MAX_ENTRIES || n_merges <= 0 || n_merges > BPE_MAX_ENTRIES) {
-        fprintf(stderr, "error: a BPE tokenizer needs 1..%d pieces and 1..%d merges, not %d and %d\n",
-                BPE_MAX_ENTRIES, BPE_MAX_ENTRIES, n_vocab, n_merges);
-        return -1;
-    }
-    if (!pieces || !piece_len || !merges || !merge_len) {
-        fprintf(stderr, "error: the BPE tokenizer was given no pieces or no merges\n");
-        return -1;
-    }
+    if (n_vocab <= 0 || n_vocab > BPE_MAX_ENTRIES || n_merges <= 0 || n_merges > BPE_MAX_ENTRIES)
+        return init_fail(source, "a BPE tokenizer needs 1..%d pieces and 1..%d merges, not %d and %d",
+                         BPE_MAX_ENTRIES, BPE_MAX_ENTRIES, n_vocab, n_merges);
+    if (!pieces || !piece_len || !merges || !merge_len)
+        return init_fail(source, "the BPE tokenizer was given no pieces or no merges");
     for (int id = 0; id < n_vocab; id++) {
-        if (!pieces[id]) { fprintf(stderr, "error: BPE token %d has no piece\n", id); return -1; }
-        if (types && (types[id] < BPE_TOKEN_NORMAL || types[id] > BPE_TOKEN_BYTE)) {
-            fprintf(stderr, "error: BPE token %d has type %d, outside 1..6\n", id, (int)types[id]);
-            return -1;
-        }
+        if (!pieces[id]) return init_fail(source, "BPE token %d has no piece", id);
+        if (types && (types[id] < BPE_TOKEN_NORMAL || types[id] > BPE_TOKEN_BYTE))
+            return init_fail(source, "BPE token %d has type %d, outside 1..6", id, (int)types[id]);
     }
     for (int i = 0; i < n_merges; i++)
-        if (!merges[i]) { fprintf(stderr, "error: BPE merge %d is missing\n", i); return -1; }
-    if (!pre) { fprintf(stderr, "error: the BPE tokenizer names no pre-tokenizer\n"); return -1; }
+        if (!merges[i]) return init_fail(source, "BPE merge %d is missing", i);
+    if (!pre) return init_fail(source, "the BPE tokenizer names no pre-tokenizer");
     if (strcmp(pre, "gpt2") == 0) *pre_kind = BPE_PRE_GPT2;
     else if (strcmp(pre, "smollm") == 0) *pre_kind = BPE_PRE_SMOLLM;
-    else {
-        fprintf(stderr, "error: unknown BPE pre-tokenizer \"%.64s\" (known: gpt2, smollm)\n", pre);
-        return -1;
-    }
+    else return init_fail(source, "unknown BPE pre-tokenizer \"%.64s\" (known: gpt2, smollm)", pre);
     return 0;
 }
 
-int bpe_init(BpeTokenizer *t, int n_vocab, const char *const *pieces, const size_t *piece_len,
+int bpe_init(BpeTokenizer *t, const char *source, int n_vocab, const char *const *pieces, const size_t *piece_len,
              const int32_t *types, int n_merges, const char *const *merges, const size_t *merge_len,
              const char *pre) {
     memset(t, 0, sizeof *t);
     int pre_kind = 0;
-    if (check_init_args(n_vocab, pieces, piece_len, types, n_merges, merges, merge_len, pre, &pre_kind) < 0)
+    if (check_init_args(source, n_vocab, pieces, piece_len, types, n_merges, merges, merge_len, pre, &pre_kind) < 0)
         return -1;
     t->n_vocab = n_vocab;
     t->pre = pre_kind;
     uint32_t char_of_byte[256];
     byte_level_map(char_of_byte);
     PieceIndex ix = {0};
-    int ok = piece_index_build(&ix, n_vocab, pieces, piece_len) == 0 &&
-             build_token_bytes(t, pieces, piece_len, types, char_of_byte) == 0;
+    int ok = piece_index_build(source, &ix, n_vocab, pieces, piece_len) == 0 &&
+             build_token_bytes(source, t, pieces, piece_len, types, char_of_byte) == 0;
     if (ok) find_byte_tokens(t, &ix, char_of_byte);
-    ok = ok && build_merge_table(t, &ix, n_merges, merges, merge_len) == 0 && build_special_list(t, types) == 0;
+    ok = ok && build_merge_table(source, t, &ix, n_merges, merges, merge_len) == 0 &&
+         build_special_list(source, t, types) == 0;
     free(ix.slots);
     if (!ok) { bpe_free(t); return -1; }
     return 0;

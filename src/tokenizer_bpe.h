@@ -45,8 +45,9 @@ typedef struct {
  * "smollm". Refused with a sentence: an unknown pre-tokenizer, an empty
  * vocabulary or merge list, a repeated piece, a type outside 1..6, a merge
  * without exactly one space or whose parts or joined piece are not in the
- * vocabulary. */
-int  bpe_init(BpeTokenizer *t, int n_vocab, const char *const *pieces, const size_t *piece_len,
+ * vocabulary; each sentence names `source`, the file the vocabulary came
+ * from. */
+int  bpe_init(BpeTokenizer *t, const char *source, int n_vocab, const char *const *pieces, const size_t *piece_len,
               const int32_t *types, int n_merges, const char *const *merges, const size_t *merge_len,
               const char *pre);
 void bpe_free(BpeTokenizer *t);

@@ -17,7 +17,9 @@ expect_error() {
     local name=$1; shift
     "$@" > "$tmp/out" 2> "$tmp/err"
     local rc=$?
-    if [ $rc -eq 1 ] && grep -q "^error: " "$tmp/err" && ! grep -q "Sanitizer\|runtime error" "$tmp/err"; then
+    # exit 1 and exactly one error line, printable ASCII only (a file's bytes escaped), no sanitizer report
+    if [ $rc -eq 1 ] && [ "$(grep -c "^error: " "$tmp/err")" = 1 ] && ! LC_ALL=C grep -q '[^ -~]' <(grep "^error: " "$tmp/err") &&
+       ! grep -q "Sanitizer\|runtime error" "$tmp/err"; then
         printf '  %-52s ok: %s\n' "$name" "$(grep -m 1 '^error: ' "$tmp/err" | head -c 150)"
         passed=$((passed + 1))
     else
@@ -128,6 +130,25 @@ expect_error "-p nan" "$bin/infer" -m $model -I "$tmp/prompt.ids" -p nan
 expect_error "negative seed" "$bin/infer" -m $model -I "$tmp/prompt.ids" -s -5
 expect_error "top-p above 1" "$bin/infer" -m $model -p 1.5
 expect_error "--json without --eval" "$bin/infer" -m $model -I "$tmp/prompt.ids" --json
+# one clear sentence each: a directory where a file goes, a document of newlines alone, a budget too small,
+# -z beside a GGUF model's own tokenizer, an option given twice
+dm="-m data/model.bin -z data/tokenizer.bin"
+expect_error "infer -z a directory" "$bin/infer" -m data/model.bin -z "$tmp" -i x
+grep -q "is a directory" "$tmp/err" || { echo "    (no word of the directory)"; failed=$((failed + 1)); }
+expect_error "infer -I a directory" "$bin/infer" -m data/model.bin -I "$tmp"
+grep -q "is a directory" "$tmp/err" || { echo "    (no word of the directory)"; failed=$((failed + 1)); }
+printf '\n\n\n' > "$tmp/newlines.txt"
+expect_error "train on a document of three newlines" "$bin/train" $dm -d "$tmp/newlines.txt" -o "$tmp/x.nectar"
+expect_error "train --rho 1e-9" "$bin/train" $dm -d data/doc.txt -o "$tmp/x.nectar" --rho 1e-9
+expect_error "infer -z beside a GGUF model" "$bin/infer" -m tests/data/gguf_llama.gguf -z data/tokenizer.bin -i x
+expect_error "train -z beside a GGUF model" "$bin/train" -m tests/data/gguf_llama.gguf -z data/tokenizer.bin \
+    -d data/doc.txt -o "$tmp/x.nectar"
+expect_error "infer -n given twice" "$bin/infer" -m data/model.bin -I "$tmp/prompt.ids" -n 3 -n 4
+expect_error "train --chat and --no-chat" "$bin/train" $dm -d data/doc.txt -o "$tmp/x.nectar" --chat --no-chat
+expect_error "benchmark -m given twice" "$bin/benchmark" -m data/model.bin -m data/model.bin
+expect_error "pretrain --steps given twice" "$bin/pretrain" -o "$tmp/p" --steps 1 --steps 2
+"$bin/infer" --help | grep -q -- "-p P .*0 or 1: off" && { printf '  %-52s ok\n' "infer --help: -p 0 turns top-p off"
+    passed=$((passed + 1)); } || { printf '  %-52s FAIL\n' "infer --help: -p 0"; failed=$((failed + 1)); }
 # question files (--qa): a bad one is refused with its line, before any work
 dm="-m data/model.bin -z data/tokenizer.bin"
 printf '? Where?\n- here\n- there\n' > "$tmp/noright.qa"

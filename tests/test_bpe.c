@@ -204,7 +204,7 @@ static int vocab_from_tiny(Vocab *v, Fixture *fx) {
 }
 
 static int vocab_tokenizer(BpeTokenizer *t, const Vocab *v, const char *pre) {
-    return bpe_init(t, v->n_vocab, v->pieces, v->piece_len, v->types, v->n_merges, v->merges, v->merge_len, pre);
+    return bpe_init(t, "test vocabulary", v->n_vocab, v->pieces, v->piece_len, v->types, v->n_merges, v->merges, v->merge_len, pre);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -293,7 +293,7 @@ expect_refusal "module (200 tokens) plus a 60-token prompt beyond the context of
     "$bin/infer" -m "$tmp/model.bin" -k "$tmp/fit.nectar" -I "$tmp/long_prompt.ids"
 expect_refusal "train on a model file that is not one" "out of range" \
     "$bin/train" -m "$tmp/fit.nectar" -D "$tmp/doc.ids" -o "$tmp/y.nectar"
-expect_refusal "train with a rho too small for one unit" "budget is too small" \
+expect_refusal "train with a rho too small for one unit" "no room for even one" \
     train -o "$tmp/z.nectar" --rho 0.0001
 
 # GGUF models: the same programs on the small Llama-shaped model of

@@ -588,8 +588,10 @@ typedef struct {
 
 static int parse_options(int argc, char **argv, Options *o) {
     *o = (Options){NULL, 1024, 65536, 0, 0, ARCH_MLP};
+    SeenOptions seen = {0};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) { usage(stdout); exit(0); }
+        if (option_once(&seen, argv[i]) != 0) return -1;
         if (!strcmp(argv[i], "--gpu")) { o->gpu = 1; continue; }
         if (!strcmp(argv[i], "--json")) { o->json = 1; continue; }
         if (i + 1 >= argc) { report_last_option(argv[i], " -m --max-doc --min-doc --arch "); return -1; }

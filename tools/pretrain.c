@@ -478,9 +478,11 @@ static int evaluate_reading(const Options *o) {
 int main(int argc, char **argv) {
     Options o = {.steps = 6000, .batch = 16, .lr = 2e-3f, .p_copy_start = 0.6f, .p_copy_end = 0.25f,
                  .eval_docs = 200, .seed = 1};
+    SeenOptions seen = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); return 0; }
+        if (option_once(&seen, a) != 0) return 1;
         if (i + 1 >= argc) { report_last_option(a, VALUE_OPTIONS); return 1; }
         const char *v = argv[++i];
         int bad = 0;
