@@ -36,7 +36,8 @@ SAN_FLAGS := -O1 -g -pthread -fopenmp-simd -fno-trapping-math -fsanitize=address
 
 .DEFAULT_GOAL := all
 PROGRAMS := infer train pretrain benchmark
-TESTS    := tests/test_core tests/standalone tests/test_qa tests/test_corpus tests/random_model tests/test_gguf tests/test_bpe
+TESTS    := tests/test_core tests/standalone tests/test_qa tests/test_corpus tests/random_model tests/test_gguf tests/test_bpe \
+            tests/mutants
 
 SMOLLM2 := models/SmolLM2-135M-Instruct.Q4_1.gguf
 
@@ -134,6 +135,7 @@ SRC_test_corpus  := tests/test_corpus.c tools/corpus.c $(LIB_SRC)
 SRC_random_model := tests/random_model.c $(LIB_SRC)
 SRC_test_gguf    := tests/test_gguf.c src/gguf.c
 SRC_test_bpe     := tests/test_bpe.c src/gguf.c
+SRC_mutants      := tests/mutants.c src/gguf.c
 SRC_test_real    := tests/test_real.c $(LIB_SRC)
 
 .SECONDEXPANSION:
@@ -259,16 +261,18 @@ test-unit: $(TESTS)
 test-train: $(PROGRAMS) tests/random_model
 	bash tests/test_train.sh
 
-test-bad-input: $(PROGRAMS) tests/random_model
+test-bad-input: $(PROGRAMS) tests/random_model tests/mutants
 	bash tests/test_bad_input.sh .
+	bash tests/test_fuzz.sh .
 
-test-asan: $(ASAN_BUILDS) tests/random_model
+test-asan: $(ASAN_BUILDS) tests/random_model tests/mutants
 	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_core > /dev/null
 	ASAN_OPTIONS=detect_leaks=1 ./build-asan/standalone > /dev/null
 	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_qa > /dev/null
 	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_gguf > /dev/null
 	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_bpe tests/data > /dev/null
 	bash tests/test_bad_input.sh build-asan
+	bash tests/test_fuzz.sh build-asan
 	bash tests/test_train.sh build-asan
 
 info:

@@ -35,8 +35,7 @@
 
 #define DEFAULT_ALIGNMENT 32
 #define MAX_ARRAY_DEPTH 8      /* arrays of arrays of ... deeper than this are refused */
-#define MAX_SHOWN 96           /* at most this many bytes of a key or name in a message */
-#define MESSAGE_ROOM (4 * MAX_SHOWN + 64)  /* a message part that holds one, escaped */
+#define MESSAGE_ROOM (4 * GGUF_MAX_SHOWN + 64)  /* a message part that holds one, escaped */
 
 /* ------------------------------------------------------------------------ */
 /* Errors                                                                   */
@@ -60,17 +59,9 @@ static int fail(const char *file, const char *fmt, ...) {
     return -1;
 }
 
-/* A key, name or string value from the file made fit for a one-line
- * message: at most MAX_SHOWN bytes, each byte that is not printable ASCII
- * (and the backslash) as \xNN, so that an untrusted file puts no control
- * byte or invalid UTF-8 on the terminal. Used as show(s).text within the
- * one call (C11 keeps the returned struct alive to the end of the full
- * expression). */
-typedef struct { char text[4 * MAX_SHOWN + 4]; } Shown;
-
-static Shown show(GgufString s) {
-    Shown out;
-    size_t n = s.len > MAX_SHOWN ? MAX_SHOWN : s.len, len = 0;
+GgufShown gguf_show(GgufString s) {
+    GgufShown out;
+    size_t n = s.len > GGUF_MAX_SHOWN ? GGUF_MAX_SHOWN : s.len, len = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s.ptr[i];
         if (c < 0x20 || c >= 0x7f || c == '\\') len += (size_t)snprintf(out.text + len, 5, "\\x%02x", c);
@@ -276,7 +267,7 @@ static int index_strings(Parser *ps, GgufKV *kv) {
 static int parse_kv(Parser *ps, size_t index, GgufKV *kv) {
     snprintf(ps->where, sizeof ps->where, "metadata entry %zu", index);
     if (read_string(ps, &kv->key, "its key")) return -1;
-    snprintf(ps->where, sizeof ps->where, "key %s", show(kv->key).text);
+    snprintf(ps->where, sizeof ps->where, "key %s", gguf_show(kv->key).text);
     if (read_u32(ps, &kv->type)) return -1;
     if (!value_type_known(kv->type)) return parse_fail(ps, "unknown value type %u", kv->type);
     if (kv->type != GGUF_VALUE_ARRAY) {
@@ -303,10 +294,6 @@ static int compare_kv_keys(const void *a, const void *b) {
 static int compare_tensor_names(const void *a, const void *b) {
     return compare_strings((*(GgufTensor *const *)a)->name, (*(GgufTensor *const *)b)->name);
 }
-static int compare_tensor_offsets(const void *a, const void *b) {
-    uint64_t x = (*(GgufTensor *const *)a)->offset, y = (*(GgufTensor *const *)b)->offset;
-    return (x > y) - (x < y);
-}
 static int key_vs_kv(const void *key, const void *kv) {
     return compare_strings(*(const GgufString *)key, (*(GgufKV *const *)kv)->key);
 }
@@ -322,35 +309,23 @@ static int index_keys(GgufFile *f) {
     if (f->n_kv) qsort(f->kv_by_key, f->n_kv, sizeof *f->kv_by_key, compare_kv_keys);
     for (size_t i = 1; i < f->n_kv; i++)
         if (!compare_kv_keys(&f->kv_by_key[i - 1], &f->kv_by_key[i]))
-            return fail(f->name, "key %s appears twice", show(f->kv_by_key[i]->key).text);
+            return fail(f->name, "key %s appears twice", gguf_show(f->kv_by_key[i]->key).text);
     return 0;
 }
 
-/* Sorts the index of the tensors by name (a name repeated is refused), then
- * checks in offset order that no two tensors' bytes overlap. */
+/* Sorts the index of the tensors by name (a name repeated is refused). */
 static int index_tensors(GgufFile *f) {
-    size_t n = f->n_tensors, bytes = (n ? n : 1) * sizeof(GgufTensor *);
-    GgufTensor **by_offset = malloc(bytes);
-    f->tensors_by_name = malloc(bytes);
-    if (!by_offset || !f->tensors_by_name) { free(by_offset); return fail(f->name, "out of memory"); }
-    for (size_t i = 0; i < n; i++) f->tensors_by_name[i] = by_offset[i] = &f->tensors[i];
+    size_t n = f->n_tensors;
+    f->tensors_by_name = malloc((n ? n : 1) * sizeof(GgufTensor *));
+    if (!f->tensors_by_name) return fail(f->name, "out of memory");
+    for (size_t i = 0; i < n; i++) f->tensors_by_name[i] = &f->tensors[i];
     if (n) qsort(f->tensors_by_name, n, sizeof(GgufTensor *), compare_tensor_names);
-    if (n) qsort(by_offset, n, sizeof(GgufTensor *), compare_tensor_offsets);
-    int status = 0;
-    for (size_t i = 1; i < n && !status; i++) {
+    for (size_t i = 1; i < n; i++) {
         const GgufTensor *a = f->tensors_by_name[i - 1], *b = f->tensors_by_name[i];
         if (!compare_strings(a->name, b->name))
-            status = fail(f->name, "tensor name %s appears twice", show(b->name).text);
+            return fail(f->name, "tensor name %s appears twice", gguf_show(b->name).text);
     }
-    for (size_t i = 1; i < n && !status; i++) {
-        const GgufTensor *a = by_offset[i - 1], *b = by_offset[i];
-        if (a->offset + a->n_bytes > b->offset)   /* no overflow: both lie inside the file */
-            status = fail(f->name, "tensors %s and %s overlap (data bytes %llu..%llu and "
-                          "%llu..%llu)", show(a->name).text, show(b->name).text, (ull)a->offset,
-                          (ull)(a->offset + a->n_bytes), (ull)b->offset, (ull)(b->offset + b->n_bytes));
-    }
-    free(by_offset);
-    return status;
+    return 0;
 }
 
 const GgufKV *gguf_find_key(const GgufFile *f, const char *key) {
@@ -395,7 +370,7 @@ static int tensor_size(Parser *ps, GgufTensor *t) {
 static int parse_tensor_info(Parser *ps, size_t index, GgufTensor *t) {
     snprintf(ps->where, sizeof ps->where, "tensor info %zu", index);
     if (read_string(ps, &t->name, "its name")) return -1;
-    snprintf(ps->where, sizeof ps->where, "tensor %s", show(t->name).text);
+    snprintf(ps->where, sizeof ps->where, "tensor %s", gguf_show(t->name).text);
     if (read_u32(ps, &t->n_dims)) return -1;
     if (t->n_dims < 1 || t->n_dims > GGUF_MAX_DIMS)
         return parse_fail(ps, "it has %u dimensions (GGUF tensors have 1 to %d)",
@@ -405,6 +380,34 @@ static int parse_tensor_info(Parser *ps, size_t index, GgufTensor *t) {
         if (read_u64(ps, &t->dims[d])) return -1;
     if (read_u32(ps, &t->type) || read_u64(ps, &t->offset)) return -1;
     return tensor_size(ps, t);
+}
+
+/* As llama.cpp reads a file: in the order of their infos, each tensor's
+ * data starts where the one before ends, padded to the alignment, and the
+ * data section ends with the last one (padded or not). A type or a shape
+ * changed in a tensor's info changes its size, and shows here. */
+static int tensors_tile_data(const GgufFile *f) {
+    uint64_t a = f->alignment, expected = 0, end = 0;
+    for (size_t i = 0; i < f->n_tensors; i++) {
+        const GgufTensor *t = &f->tensors[i];
+        if (t->offset != expected && i == 0)
+            return fail(f->name, "tensor %s, the first, starts its data at %llu, not at 0", gguf_show(t->name).text,
+                        (ull)t->offset);
+        if (t->offset != expected) {
+            const GgufTensor *before = &f->tensors[i - 1];
+            return fail(f->name, "tensor %s's data starts at %llu, but the tensor before it, %s (%llu bytes of "
+                        "%s), ends at %llu: a type or shape in the file does not match its data",
+                        gguf_show(t->name).text, (ull)t->offset, gguf_show(before->name).text, (ull)before->n_bytes,
+                        gguf_tensor_type_name(before->type), (ull)end);
+        }
+        end = expected + t->n_bytes;
+        expected = end + (a - end % a) % a;  /* no overflow: place_tensors kept every tensor inside the file */
+    }
+    size_t data = f->size - f->data_start;  /* at least end: place_tensors kept every tensor inside */
+    if (f->n_tensors && data > expected)
+        return fail(f->name, "its data section holds %zu bytes, more than the %llu its tensors take: a type "
+                    "or shape in the file does not match its data", data, (ull)expected);
+    return 0;
 }
 
 /* The data section starts at the first multiple of the alignment after the
@@ -423,14 +426,14 @@ static int place_tensors(GgufFile *f, size_t infos_end) {
         GgufTensor *t = &f->tensors[i];
         if (t->offset % a)
             return fail(f->name, "tensor %s's offset %llu is not a multiple of the alignment %llu",
-                        show(t->name).text, (ull)t->offset, (ull)a);
+                        gguf_show(t->name).text, (ull)t->offset, (ull)a);
         if (t->offset > room || t->n_bytes > room - t->offset)
             return fail(f->name, "tensor %s's data (%llu bytes at data offset %llu) runs past "
                         "the end of the file (the data section holds %zu bytes)",
-                        show(t->name).text, (ull)t->n_bytes, (ull)t->offset, room);
+                        gguf_show(t->name).text, (ull)t->n_bytes, (ull)t->offset, room);
         t->data = f->bytes + f->data_start + t->offset;
     }
-    return 0;
+    return tensors_tile_data(f);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -684,9 +687,9 @@ const GgufKV *gguf_get_array(const GgufFile *f, const char *key) {
 
 /* Element i of an array of a fixed-size type: checks i and names it in what. */
 static const uint8_t *array_element(const GgufKV *a, uint64_t i, char *what, size_t cap) {
-    snprintf(what, cap, "element %llu of key %s", (ull)i, show(a->key).text);
+    snprintf(what, cap, "element %llu of key %s", (ull)i, gguf_show(a->key).text);
     if (a->type != GGUF_VALUE_ARRAY) {
-        fail(NULL, "key %s has type %s, not array", show(a->key).text, gguf_value_type_name(a->type));
+        fail(NULL, "key %s has type %s, not array", gguf_show(a->key).text, gguf_value_type_name(a->type));
         return NULL;
     }
     if (i >= a->array_count) {
@@ -910,10 +913,10 @@ int gguf_dequantize(const GgufTensor *t, float *out, size_t out_len) {
     if (!type || !type->dequantize)
         return fail(NULL, "tensor %s has type %s (%u), which this reader cannot dequantize "
                     "(it reads F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K)",
-                    show(t->name).text, gguf_tensor_type_name(t->type), t->type);
+                    gguf_show(t->name).text, gguf_tensor_type_name(t->type), t->type);
     if (out_len != t->n_elements)
         return fail(NULL, "tensor %s holds %llu values but the buffer given holds %zu",
-                    show(t->name).text, (ull)t->n_elements, out_len);
+                    gguf_show(t->name).text, (ull)t->n_elements, out_len);
     type->dequantize(t->data, out, (size_t)(t->n_elements / type->block_size));
     return 0;
 }
@@ -963,7 +966,7 @@ static int read_architecture(const GgufFile *f, char arch[16]) {
     if (gguf_get_string(f, "general.architecture", &name)) return -1;
     if (!gguf_string_equals(name, "llama") && !gguf_string_equals(name, "mistral"))
         return fail(f->name, "the architecture is %s; this reader reads llama (and mistral) "
-                    "models", show(name).text);
+                    "models", gguf_show(name).text);
     memcpy(arch, name.ptr, name.len);
     arch[name.len] = '\0';
     return 0;
@@ -981,7 +984,7 @@ static int refuse_variants(const GgufFile *f, const char *arch, const GgufLlamaC
     if (gguf_find_key(f, arch_key(key, sizeof key, arch, "rope.scaling.type")) &&
         gguf_get_string(f, key, &scaling)) return -1;
     if (!gguf_string_equals(scaling, "none"))
-        return fail(f->name, "%s is %s: rope scaling is not supported", key, show(scaling).text);
+        return fail(f->name, "%s is %s: rope scaling is not supported", key, gguf_show(scaling).text);
     if (gguf_find_tensor(f, "rope_freqs.weight"))
         return fail(f->name, "the model has rope_freqs.weight: rope frequency factors are not supported");
     if (gguf_find_key(f, arch_key(key, sizeof key, arch, "rope.dimension_count")) &&
@@ -1040,6 +1043,27 @@ static int read_vocab_size(const GgufFile *f, const char *arch, GgufLlamaConfig 
     return 0;
 }
 
+/* Every tokenizer.ggml.*_token_id the file gives (bos, eos, unknown,
+ * padding, ...) must name a token of the vocabulary. */
+static int check_special_ids(const GgufFile *f, int vocab_size) {
+    static const char prefix[] = "tokenizer.ggml.", suffix[] = "_token_id";
+    size_t np = sizeof prefix - 1, ns = sizeof suffix - 1;
+    for (size_t i = 0; i < f->n_kv; i++) {
+        GgufString key = f->kv[i].key;
+        if (key.len <= np + ns || memcmp(key.ptr, prefix, np) || memcmp(key.ptr + key.len - ns, suffix, ns)) continue;
+        char name[GGUF_MAX_SHOWN + 1];
+        if (key.len > GGUF_MAX_SHOWN) return fail(f->name, "key %s is too long", gguf_show(key).text);
+        memcpy(name, key.ptr, key.len);
+        name[key.len] = 0;
+        uint64_t id;
+        if (gguf_get_uint(f, name, &id)) return -1;
+        if (id >= (uint64_t)vocab_size)
+            return fail(f->name, "%s = %llu is not a token id (vocabulary of %d)", gguf_show(key).text, (ull)id,
+                        vocab_size);
+    }
+    return 0;
+}
+
 /* Tensor `name` must have shape [ne0] (ne1 = 0) or [ne0, ne1] and a type
  * gguf_dequantize reads. 1 when it does, 0 when it is absent and optional,
  * -1 with a sentence otherwise. */
@@ -1066,6 +1090,26 @@ static const struct { const char *name; int ne0, ne1; } LAYER_TENSORS[] = {
     {"ffn_gate", SIZE_D, SIZE_F}, {"ffn_up", SIZE_D, SIZE_F},   {"ffn_down", SIZE_F, SIZE_D},
 };
 
+/* 1 when the tensor is one of a llama model of n_layers blocks. */
+static int llama_uses(const GgufTensor *t, int n_layers) {
+    char name[64];
+    if (t->name.len >= sizeof name) return 0;
+    memcpy(name, t->name.ptr, t->name.len);
+    name[t->name.len] = 0;
+    if (!strcmp(name, "token_embd.weight") || !strcmp(name, "output_norm.weight") || !strcmp(name, "output.weight"))
+        return 1;
+    int layer, used = 0;
+    char part[64];
+    if (sscanf(name, "blk.%d.%63[a-z_].weight%n", &layer, part, &used) != 2 || used != (int)t->name.len ||
+        layer < 0 || layer >= n_layers) return 0;
+    char canonical[96];
+    snprintf(canonical, sizeof canonical, "blk.%d.%s.weight", layer, part);  /* no "blk.01" or "blk.+1" */
+    if (strcmp(canonical, name)) return 0;
+    for (size_t i = 0; i < sizeof LAYER_TENSORS / sizeof LAYER_TENSORS[0]; i++)
+        if (!strcmp(part, LAYER_TENSORS[i].name)) return 1;
+    return 0;
+}
+
 static int check_llama_tensors(const GgufFile *f, GgufLlamaConfig *c) {
     uint64_t D = (uint64_t)c->dim, V = (uint64_t)c->vocab_size;
     uint64_t sizes[] = {0, D, (uint64_t)c->hidden_dim, (uint64_t)c->n_kv_heads * (uint64_t)c->head_size};
@@ -1074,14 +1118,22 @@ static int check_llama_tensors(const GgufFile *f, GgufLlamaConfig *c) {
     int has_output = check_tensor(f, "output.weight", D, V, 1);
     if (has_output < 0) return -1;
     c->tied_embeddings = !has_output;
+    size_t per_layer = sizeof LAYER_TENSORS / sizeof LAYER_TENSORS[0];
     for (int layer = 0; layer < c->n_layers; layer++)
-        for (size_t i = 0; i < sizeof LAYER_TENSORS / sizeof LAYER_TENSORS[0]; i++) {
+        for (size_t i = 0; i < per_layer; i++) {
             char name[64];
             snprintf(name, sizeof name, "blk.%d.%s.weight", layer, LAYER_TENSORS[i].name);
             if (check_tensor(f, name, sizes[LAYER_TENSORS[i].ne0], sizes[LAYER_TENSORS[i].ne1], 0) < 0)
                 return -1;
         }
-    return 0;
+    /* every tensor the model uses is there, once (names are unique): any more is one it does not use */
+    if (f->n_tensors == 2 + (size_t)has_output + (size_t)c->n_layers * per_layer) return 0;
+    for (size_t i = 0; i < f->n_tensors; i++)
+        if (!llama_uses(&f->tensors[i], c->n_layers))
+            return fail(f->name, "tensor %s is not one a llama model of %d blocks (its block_count) uses",
+                        gguf_show(f->tensors[i].name).text, c->n_layers);
+    return fail(f->name, "it holds %llu tensors, not the %llu its model uses", (ull)f->n_tensors,
+                (ull)(2 + has_output + (size_t)c->n_layers * per_layer));
 }
 
 int gguf_llama_config(const GgufFile *f, GgufLlamaConfig *c) {
@@ -1090,7 +1142,7 @@ int gguf_llama_config(const GgufFile *f, GgufLlamaConfig *c) {
     if (read_architecture(f, arch) || read_llama_sizes(f, arch, c) ||
         read_positive(f, arch, "rope.freq_base", 10000.0, &c->rope_theta) ||
         read_positive(f, arch, "attention.layer_norm_rms_epsilon", 1e-5, &c->rms_eps) ||
-        read_vocab_size(f, arch, c))
+        read_vocab_size(f, arch, c) || check_special_ids(f, c->vocab_size))
         return -1;
     return check_llama_tensors(f, c);
 }

@@ -53,6 +53,15 @@ typedef struct {
     size_t len;
 } GgufString;
 
+/* A key, name or string value from a file made fit for a one-line message:
+ * at most GGUF_MAX_SHOWN bytes, each byte that is not printable ASCII (and
+ * the backslash) as \xNN, so that an untrusted file puts no control byte or
+ * invalid UTF-8 on the terminal. Used as gguf_show(s).text within one call
+ * (C11 keeps the returned struct alive to the end of the full expression). */
+#define GGUF_MAX_SHOWN 96
+typedef struct { char text[4 * GGUF_MAX_SHOWN + 4]; } GgufShown;
+GgufShown gguf_show(GgufString s);
+
 typedef struct {
     GgufString key;
     uint32_t type;            /* GGUF_VALUE_* */

@@ -333,8 +333,8 @@ static int load_gguf_tokenizer(Tokenizer *t, const char *path) {
         if (llama) rc = load_gguf_scores(t, &g, tokens);
         else if (gguf_string_equals(model, "gpt2")) rc = load_gguf_bpe(t, &g, tokens);
         else {
-            fprintf(stderr, "error: %s: tokenizer.ggml.model '%.*s' is not one this program reads (llama, gpt2)\n",
-                    path, (int)(model.len < 40 ? model.len : 40), model.ptr);
+            fprintf(stderr, "error: %s: tokenizer.ggml.model '%s' is not one this program reads (llama, gpt2)\n",
+                    path, gguf_show(model).text);
             rc = -1;
         }
         t->add_space_prefix = llama;  /* SentencePiece's default */
@@ -491,10 +491,11 @@ static int newline_token(const Tokenizer *t) {
     return tokenizer_encode(t, "\n", 0, 0, ids, 4) == 1 ? ids[0] : -1;
 }
 
-/* The one id a control token's text encodes as, or fallback. */
+/* The one id a control token's text encodes as, or fallback. The texts
+ * are short and a byte is at most one token, so the ids always fit. */
 static int control_token(const Tokenizer *t, const char *text, int fallback) {
-    int ids[4];
-    return tokenizer_encode(t, text, 0, 0, ids, 4) == 1 ? ids[0] : fallback;
+    int ids[64];
+    return strlen(text) < 64 && tokenizer_encode(t, text, 0, 0, ids, 64) == 1 ? ids[0] : fallback;
 }
 
 void answer_conventions(const Tokenizer *t, int chat, PromptSet *p) {

@@ -29,6 +29,7 @@
  * twice takes its last rank, as there.
  */
 #include "tokenizer_bpe.h"
+#include "gguf.h"
 #include "unicode_tables.h"
 
 #include <stdarg.h>
@@ -207,8 +208,8 @@ static int piece_index_build(const char *source, PieceIndex *ix, int n_vocab, co
     for (int id = 0; id < n_vocab; id++) {
         int other = piece_find(ix, pieces[id], piece_len[id], "", 0);
         if (other >= 0)
-            return init_fail(source, "BPE tokens %d and %d are the same piece \"%.*s\"", other, id,
-                             (int)(piece_len[id] < 64 ? piece_len[id] : 64), pieces[id]);
+            return init_fail(source, "BPE tokens %d and %d are the same piece \"%s\"", other, id,
+                             gguf_show((GgufString){pieces[id], piece_len[id]}).text);
         uint32_t slot = (uint32_t)fnv1a(pieces[id], piece_len[id], "", 0) & ix->mask;
         while (ix->slots[slot] >= 0) slot = (slot + 1) & ix->mask;
         ix->slots[slot] = id;
@@ -316,14 +317,14 @@ static int build_merge_table(const char *source, BpeTokenizer *t, const PieceInd
     memset(t->merges, 0xFF, ((size_t)t->merge_mask + 1) * sizeof *t->merges); /* left -1: empty */
     for (int i = 0; i < n_merges; i++) {
         const char *m = merges[i], *space = memchr(m, ' ', merge_len[i]);
-        int shown = (int)(merge_len[i] < 64 ? merge_len[i] : 64);
+        GgufShown shown = gguf_show((GgufString){m, merge_len[i]});
         if (!space || memchr(space + 1, ' ', merge_len[i] - (size_t)(space + 1 - m)))
-            return init_fail(source, "BPE merge %d \"%.*s\" does not hold exactly one space", i, shown, m);
+            return init_fail(source, "BPE merge %d \"%s\" does not hold exactly one space", i, shown.text);
         size_t n_left = (size_t)(space - m), n_right = merge_len[i] - n_left - 1;
         int left = piece_find(ix, m, n_left, "", 0), right = piece_find(ix, space + 1, n_right, "", 0);
         int merged = piece_find(ix, m, n_left, space + 1, n_right);
         if (left < 0 || right < 0 || merged < 0)
-            return init_fail(source, "BPE merge %d \"%.*s\": %s not in the vocabulary", i, shown, m,
+            return init_fail(source, "BPE merge %d \"%s\": %s not in the vocabulary", i, shown.text,
                              left < 0 ? "its left part is" : right < 0 ? "its right part is" : "the joined piece is");
         merge_insert(t, (BpeMerge){left, right, i, merged});
     }
