@@ -5,52 +5,67 @@ and named by its file): one markdown row a fit.
 
     python3 scripts/qa_table.py "Apache-2.0, rho 10%=apache.json" ...
 
-Columns: the held-out KL of Nectar and of no document (random split) and
-Nectar's top-1 agreement, each with its 95% interval; the questions: how
-often the full cache, Nectar and no document chose the right option, and how
-often Nectar and no document chose as the full cache; the evaluation-only
-tasks: Nectar's and no document's answer match (with Nectar's interval) and
-their KL ratio; the held-out self-study tasks' answer match beside them.
-Standard library only."""
+Columns: the questions: how often the full cache, Nectar and no document
+chose the right option, and how often Nectar and no document chose as the
+full cache; the evaluation-only tasks: how often Nectar's and no document's
+answer equals the full cache's, and Nectar's KL (as a multiple of no
+document's) and top-1 agreement; the held-out self-study prompts' KL
+multiple, agreement and answers beside them. Every rate with its 95%
+interval from train's JSON (Wilson's for counts, the prompts as clusters
+for KL and agreement), but no document's answer match, whose Wilson
+interval is computed here as src/eval.c computes Nectar's. Standard
+library only."""
 import json
+import math
 import sys
 
 
-def ci(pair, digits=3):
-    return "[%.*f, %.*f]" % (digits, pair[0], digits, pair[1]) if pair else "[n/a]"
+def ci(pair):
+    return "[%.2f, %.2f]" % tuple(pair) if pair else "[n/a]"
+
+
+def wilson(hits, n, z=1.959964):
+    p, d = hits / n, 1 + z * z / n
+    mid, half = (p + z * z / (2 * n)) / d, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return [max(0.0, mid - half), min(1.0, mid + half)]
+
+
+def kl_cell(split):
+    ratio = split["kl"] / split["kl_nodoc"]
+    lo, hi = split["kl_ci"]
+    return "%.3fx [%.3f, %.3f]" % (ratio, lo / split["kl_nodoc"], hi / split["kl_nodoc"])
 
 
 def row(label, r):
     rnd, qa, tasks = r["random"], r.get("qa"), r.get("tasks")
-    cells = [label,
-             "%.3f / %.3f = %.3fx %s" % (rnd["kl"], rnd["kl_nodoc"], rnd["kl"] / rnd["kl_nodoc"], ci(rnd["kl_ci"])),
-             "%.3f %s" % (rnd["agree"], ci(rnd["agree_ci"]))]
+    cells = [label]
     if qa:
-        n, acc, agree = qa["n"], qa["accuracy"], qa["agree"]
-        cells.append("%.3f / %.3f / %.3f (n %d) %s" % (acc["full"], acc["nectar"], acc["nodoc"], n,
-                                                        ci(qa["accuracy_ci"]["nectar"])))
-        cells.append("%.3f %s / %.3f" % (agree["nectar"], ci(qa["agree_ci"]["nectar"]), agree["nodoc"]))
+        acc, accci, agree, agreeci = qa["accuracy"], qa["accuracy_ci"], qa["agree"], qa["agree_ci"]
+        cells.append("%d: " % qa["n"] + " / ".join("%.3f %s" % (acc[k], ci(accci[k]))
+                                                  for k in ("full", "nectar", "nodoc")))
+        cells.append(" / ".join("%.3f %s" % (agree[k], ci(agreeci[k])) for k in ("nectar", "nodoc")))
     else:
         cells += ["", ""]
     if tasks:
-        cells.append("%d of %d = %.3f %s / %.3f" % (round(tasks["answer_match"] * tasks["n_answers"]),
-                     tasks["n_answers"], tasks["answer_match"], ci(tasks["answer_match_ci"]),
-                     tasks["answer_match_nodoc"]))
-        cells.append("%.3fx %s, %.3f" % (tasks["kl"] / tasks["kl_nodoc"], ci(tasks["kl_ci"]), tasks["agree"]))
+        n = tasks["n_answers"]
+        nodoc = round(tasks["answer_match_nodoc"] * n)
+        cells.append("%d of %d = %.3f %s / %.3f %s" % (round(tasks["answer_match"] * n), n, tasks["answer_match"],
+                     ci(tasks["answer_match_ci"]), nodoc / n, ci(wilson(nodoc, n))))
+        cells.append("%s, %.3f %s" % (kl_cell(tasks), tasks["agree"], ci(tasks["agree_ci"])))
     else:
         cells += ["", ""]
-    cells.append("%d of %d" % (round(rnd["answer_match"] * rnd["n_answers"]), rnd["n_answers"]))
+    cells.append("%s, %.3f %s, %d of %d" % (kl_cell(rnd), rnd["agree"], ci(rnd["agree_ci"]),
+                                           round(rnd["answer_match"] * rnd["n_answers"]), rnd["n_answers"]))
     return "| " + " | ".join(cells) + " |"
 
 
 def main(args):
     if not args:
         sys.exit(__doc__)
-    print("| fit | held-out KL Nectar / no doc [95%] | agreement [95%] | questions right: full / Nectar / no doc"
-          " [Nectar's 95%] | Nectar's choice = the full cache's [95%] / no doc's | evaluation-only tasks: answers"
-          " equal to the full cache's [95%] / no doc | their KL (x no doc) [95%], agreement | self-study tasks"
-          " held out: answers equal |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| fit | questions: n: right, full / Nectar / no doc [95%] | choice = the full cache's: Nectar / no doc"
+          " [95%] | evaluation-only tasks: answers = the full cache's, Nectar / no doc [95%] | their KL (x no doc),"
+          " agreement [95%] | held-out self-study: KL (x no doc), agreement [95%], answers = |")
+    print("|---|---|---|---|---|---|")
     for arg in args:
         label, _, path = arg.rpartition("=")
         with open(path) as f:
