@@ -213,6 +213,21 @@ size_t first_nonfinite(const float *x, size_t n) {
     return i;
 }
 
+/* The last step of loading a model: its weights must be finite (else it is
+ * freed and refused as corrupt, `what` naming the file's kind), then the
+ * tensors derived from them are made. */
+static int weights_finite(Model *m, const char *path, const char *what) {
+    size_t bad = first_nonfinite(m->params, m->n_params);
+    if (bad < m->n_params) {
+        fprintf(stderr, "error: %s: weight %zu of %zu is %g; %s is corrupt\n", path, bad, m->n_params,
+                m->params[bad], what);
+        model_free(m);
+        return -1;
+    }
+    model_refresh(m);
+    return 0;
+}
+
 static int model_load_llama2c(Model *m, const char *path) {
     size_t size;
     unsigned char *buf = read_file(path, &size);
@@ -247,15 +262,7 @@ static int model_load_llama2c(Model *m, const char *path) {
     memcpy(m->params, src, t.before_rope * sizeof(float));
     memcpy(m->params + t.before_rope, src + t.before_rope + 2 * t.rope, t.cls * sizeof(float));
     free(buf);
-    size_t bad = first_nonfinite(m->params, m->n_params);
-    if (bad < m->n_params) {
-        fprintf(stderr, "error: %s: weight %zu of %zu is %g; the checkpoint is corrupt\n", path, bad, m->n_params,
-                m->params[bad]);
-        model_free(m);
-        return -1;
-    }
-    model_refresh(m);
-    return 0;
+    return weights_finite(m, path, "the checkpoint");
 }
 
 /* ------------------------------------------------------------------------ */
@@ -319,15 +326,7 @@ static int model_load_gguf(Model *m, const char *path) {
     int rc = read_gguf_weights(m, &g);
     gguf_close(&g);
     if (rc != 0) { model_free(m); return -1; }
-    size_t bad = first_nonfinite(m->params, m->n_params);
-    if (bad < m->n_params) {
-        fprintf(stderr, "error: %s: weight %zu of %zu is %g; the file is corrupt\n", path, bad, m->n_params,
-                m->params[bad]);
-        model_free(m);
-        return -1;
-    }
-    model_refresh(m);
-    return 0;
+    return weights_finite(m, path, "the file");
 }
 
 /* 1 when the file starts with GGUF's magic number. */
