@@ -25,8 +25,16 @@ echo "train and infer end to end ($bin)"
 awk 'BEGIN { srand(3); for (i = 0; i < 200; i++) printf "%d ", 3 + int(rand() * 290) }' > "$tmp/doc.ids"
 awk 'BEGIN { srand(4); for (i = 0; i < 200; i++) printf "%d ", 3 + int(rand() * 290) }' > "$tmp/doc2.ids"
 echo "5 6 7" > "$tmp/prompt.ids"
-# the fits below are by regression (fast) unless a test asks for another loss
-train() { "$bin/train" -m "$tmp/model.bin" -D "$tmp/doc.ids" --n-prompts 80 --prompt-len 32 --loss regression "$@"; }
+# the fits below are by regression (fast) of doc.ids unless a test asks for
+# another loss or document (an option may be given once)
+train() {
+    local loss=(--loss regression) doc=(-D "$tmp/doc.ids") arg
+    for arg in "$@"; do
+        [ "$arg" = --loss ] && loss=()
+        [ "$arg" = -D ] && doc=()
+    done
+    "$bin/train" -m "$tmp/model.bin" "${doc[@]}" --n-prompts 80 --prompt-len 32 "${loss[@]}" "$@"
+}
 
 # greedy decoding through the program equals the reference (and llama2.c)
 for name in ref_gqa ref_mha_unshared; do
