@@ -51,11 +51,13 @@ typedef enum { LOSS_KL, LOSS_REGRESSION, LOSS_MIXED } LossPreset;
 typedef struct {
     const char *model_path, *tok_path, *doc_text_path, *doc_ids_path, *out_path;
     const char *prompts_text_path, *prompts_ids_path, *checkpoint_path, *resume_path, *init_path, *qa_path;
+    const char *eval_tasks_from; /* a module file whose evaluation-only tasks this run takes */
     int arch;         /* ModuleArch, or NOT_GIVEN */
     int loss_preset;  /* LossPreset, or NOT_GIVEN */
     float rho, lr, weight_decay, warmup_fraction, lambda_alpha, lambda_A, lambda_kl, kl_lr;
     int steps, kl_steps, batch, kl_prompts, n_prompts, n_tasks, prompt_len, answer_len, checkpoint_every, stop_after;
-    int eval_tasks;   /* evaluation-only tasks, never trained on */
+    int eval_tasks;   /* evaluation-only tasks to make, never trained on (NOT_GIVEN: 100, or none with
+                       * eval_tasks_from) */
     int json;
     int eval_train;  /* --eval-train: the metrics on the training prompts too */
     int teacher_logits_mb;  /* the teacher's logits are kept up to this size, else recomputed */
@@ -135,6 +137,9 @@ static void usage(FILE *f) {
         "                    another seed, none asking what a self-study prompt asks, answered by the\n"
         "                    full cache and never trained on; kept in the module file, measured as\n"
         "                    their own split (\"tasks\"), with intervals\n"
+        "  --eval-tasks-from FILE.nectar  take the evaluation-only tasks of a module file fitted to this\n"
+        "                    model and document instead of making them: fits compared on the same tasks,\n"
+        "                    and no time spent making them again\n"
         "  --prompt-len N    prompt length cap in tokens, answer included (default 80; 196 with --chat)\n"
         "  --prompts FILE    extra prompts, one per line (text, needs -z; \\n is a newline)\n"
         "  --prompt-ids FILE extra prompts, one per line (token ids)\n"
@@ -163,7 +168,7 @@ static void usage(FILE *f) {
 static const char VALUE_OPTIONS[] = " -m -z -d -D -o --prompts --prompt-ids --checkpoint --resume --init --qa --groups --arch --depths "
     "--rho --lr --wd --warmup --lambda-alpha --lambda-A --lambda-kl --kl-prompts --loss --steps --kl-steps --kl-lr "
     "--batch --n-prompts "
-    "--tasks --eval-tasks --teacher-logits-mb --prompt-len --answer-len --checkpoint-every --stop-after -s ";
+    "--tasks --eval-tasks --eval-tasks-from --teacher-logits-mb --prompt-len --answer-len --checkpoint-every --stop-after -s ";
 
 /* The options with a word for a value: --arch, --depths, --loss. 1 if a is
  * one of them, -1 after a sentence when its value is not one they take. */
@@ -193,9 +198,9 @@ static int parse_value_option(const char *a, const char *v, Options *o) {
     if (word) return word < 0 ? -1 : 0;
     const char **paths[] = {&o->model_path, &o->tok_path, &o->doc_text_path, &o->doc_ids_path, &o->out_path,
                             &o->prompts_text_path, &o->prompts_ids_path, &o->checkpoint_path, &o->resume_path,
-                            &o->init_path, &o->qa_path, &o->groups};
+                            &o->init_path, &o->qa_path, &o->eval_tasks_from, &o->groups};
     static const char *path_names[] = {"-m", "-z", "-d", "-D", "-o", "--prompts", "--prompt-ids", "--checkpoint",
-                                       "--resume", "--init", "--qa", "--groups"};
+                                       "--resume", "--init", "--qa", "--eval-tasks-from", "--groups"};
     for (size_t k = 0; k < sizeof path_names / sizeof *path_names; k++)
         if (!strcmp(a, path_names[k])) { *paths[k] = v; return 0; }
     float *floats[] = {&o->rho, &o->lr, &o->weight_decay, &o->warmup_fraction, &o->lambda_alpha, &o->lambda_A,
@@ -243,7 +248,7 @@ static const char *check_options(const Options *o) {
         return "--depths B,S,T must be >= 0 with 1 <= B+S+T <= 64";
     if (given_below(o->steps, 0) || given_below(o->kl_steps, 0))
         return "need --steps >= 0 (0: evaluate the initial modules) and --kl-steps >= 0";
-    if (o->batch < 1 || given_below(o->n_prompts, 0) || given_below(o->n_tasks, 0) || o->eval_tasks < 0 ||
+    if (o->batch < 1 || given_below(o->n_prompts, 0) || given_below(o->n_tasks, 0) || given_below(o->eval_tasks, 0) ||
         given_below(o->prompt_len, 2) || given_below(o->answer_len, 0) ||
         o->stop_after < 0 || o->checkpoint_every < 0 || o->teacher_logits_mb < 0 || o->teacher_logits_mb > (1 << 24))
         return "need --batch >= 1, --n-prompts >= 0, --tasks >= 0, --eval-tasks >= 0, "
@@ -256,6 +261,8 @@ static const char *check_options(const Options *o) {
     if (o->kl_prompts < 1 || o->kl_prompts > 64) return "--kl-prompts must be in 1..64";
     if (o->stop_after > 0 && !o->checkpoint_path) return "--stop-after needs --checkpoint, or the fit is lost";
     if (o->init_path && o->resume_path) return "--init and --resume both give the modules to start from; give one";
+    if (o->eval_tasks_from && o->eval_tasks != NOT_GIVEN)
+        return "--eval-tasks and --eval-tasks-from both give the evaluation-only tasks; give one";
     if (o->chat == 1 && (o->doc_ids_path || o->prompts_ids_path))
         return "--chat frames texts (-d, --prompts); token ids (-D, --prompt-ids) are used as given";
 #ifndef NECTAR_CUDA
@@ -295,7 +302,8 @@ static const char *apply_recipe(Options *o, const Recipe *r) {
  * the run goes on writing it. */
 static int check_outputs(const Options *o) {
     const char *inputs[] = {o->model_path, o->tok_path, o->doc_text_path, o->doc_ids_path, o->init_path,
-                            o->prompts_text_path, o->prompts_ids_path, o->qa_path, o->resume_path};
+                            o->prompts_text_path, o->prompts_ids_path, o->qa_path, o->eval_tasks_from,
+                            o->resume_path};
     int n = sizeof inputs / sizeof *inputs;
     if (check_output("-o", o->out_path, inputs, n) != 0) return -1;
     if (!o->checkpoint_path) return 0;
@@ -311,7 +319,7 @@ static int parse_options(int argc, char **argv, Options *o) {
                    .warmup_fraction = 0.05f, .lambda_alpha = NAN, .lambda_A = NAN, .lambda_kl = NAN, .kl_prompts = 2,
                    .steps = NOT_GIVEN, .kl_steps = NOT_GIVEN, .batch = 64, .n_prompts = NOT_GIVEN,
                    .n_tasks = NOT_GIVEN, .prompt_len = NOT_GIVEN, .answer_len = NOT_GIVEN, .chat = -1,
-                   .eval_tasks = 100, .teacher_logits_mb = 2048, .depth_backbone = 1, .depth_score = 1, .depth_target = 1, .groups = "",
+                   .eval_tasks = NOT_GIVEN, .teacher_logits_mb = 2048, .depth_backbone = 1, .depth_score = 1, .depth_target = 1, .groups = "",
                    .seed = 1234};
     SeenOptions seen = {0};
     for (int i = 1; i < argc; i++) {
@@ -330,6 +338,7 @@ static int parse_options(int argc, char **argv, Options *o) {
     }
     const char *why = check_options(o);
     if (why) { fprintf(stderr, "error: %s\n", why); return -1; }
+    if (o->eval_tasks == NOT_GIVEN) o->eval_tasks = o->eval_tasks_from ? 0 : 100;
     return check_outputs(o);
 }
 
@@ -437,13 +446,54 @@ static void inputs_free(Inputs *in) {
     model_free(&in->model);
 }
 
+/* 1 if one of b's prompts starts with the question of prompt i of a (the
+ * rule that keeps a question of the evaluation-only tasks out of training). */
+static int question_among(const PromptSet *a, int i, const PromptSet *b) {
+    int n = a->question_len[i];
+    for (int j = 0; j < b->n_prompts; j++)
+        if (b->offsets[j + 1] - b->offsets[j] >= n &&
+            !memcmp(a->tokens + a->offsets[i], b->tokens + b->offsets[j], (size_t)n * sizeof(int)))
+            return 1;
+    return 0;
+}
+
+/* --eval-tasks-from: the evaluation-only tasks of a module file fitted to
+ * this model and document, answered by the same full cache. Refused when
+ * their answers follow other conventions than this run's prompts (all), or
+ * one of them is among this run's self-study prompts. */
+static int load_eval_tasks(const char *path, const Inputs *in, const PromptSet *all, PromptSet *out) {
+    ModuleSet file;
+    if (moduleset_load(&file, path, in->model.fingerprint, in->cache.fingerprint) != 0) return -1;
+    const PromptSet *h = &file.heldout;
+    unsigned char *is_task = xmalloc((size_t)h->n_prompts + 1);
+    for (int i = 0; i < h->n_prompts; i++) is_task[i] = h->split[i] == SPLIT_TASKS;
+    *out = select_prompts(h, is_task, 1);
+    free(is_task);
+    const char *why = out->n_prompts == 0 ? "it holds no evaluation-only tasks" : NULL;
+    if (!why && (h->answer_cap != all->answer_cap || memcmp(h->answer_stop, all->answer_stop, sizeof h->answer_stop) ||
+                 h->n_nodoc_prefix != all->n_nodoc_prefix ||
+                 memcmp(h->nodoc_prefix, all->nodoc_prefix, (size_t)h->n_nodoc_prefix * sizeof(int))))
+        why = "its answers end and start otherwise than this run's (--chat, --answer-len)";
+    for (int i = 0; !why && i < out->n_prompts; i++)
+        if (question_among(out, i, all)) why = "one of its tasks asks what a self-study prompt of this run asks";
+    moduleset_free(&file);
+    if (!why) {
+        fprintf(stderr, "%d evaluation-only tasks from %s\n", out->n_prompts, path);
+        return 0;
+    }
+    fprintf(stderr, "error: --eval-tasks-from %s: %s\n", path, why);
+    promptset_free(out);
+    return -1;
+}
+
 /* Self-study with train's options (selfstudy.c), and the evaluation-only
- * tasks, made as its tasks from another seed. */
+ * tasks, made as its tasks from another seed or taken from a module file. */
 static int make_prompts(const Options *o, const Inputs *in, PromptSet *all, PromptSet *eval_tasks) {
     SelfStudyOptions so = {o->n_prompts, o->n_tasks, o->prompt_len, o->answer_len, o->chat, o->seed,
                            o->prompts_text_path, o->prompts_ids_path, NULL, 0};  /* no label, not eval-only */
     SelfStudyInputs si = {&in->model, in->tokp, in->doc_text, in->doc_ids, in->n_doc, &in->doc};
     if (make_prompt_set(&so, &si, all) != 0) return -1;
+    if (o->eval_tasks_from) return load_eval_tasks(o->eval_tasks_from, in, all, eval_tasks);
     make_eval_tasks(&so, &si, all, o->eval_tasks, eval_tasks);
     return 0;
 }

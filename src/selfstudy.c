@@ -52,11 +52,16 @@ static void add_prompt(PromptBuilder *b, const int *tokens, int len, int questio
 static const char *task_label(const SelfStudyOptions *o) { return o->label ? o->label : "tasks"; }
 static int patience(const SelfStudyOptions *o) { return o->eval_only ? 3 : 1; }
 
-/* 1 when the builder holds a prompt whose question part is these n tokens */
-static int has_question(const PromptBuilder *b, const int *question, int n) {
+/* 1 when the builder holds a prompt whose question part is these n tokens;
+ * for an evaluation-only task (o->eval_only), a prompt that starts with
+ * them at all: a prompt trained on must not hold the task's question. */
+static int has_question(const SelfStudyOptions *o, const PromptBuilder *b, const int *question, int n) {
     const PromptSet *p = &b->set;
-    for (int i = 0; i < p->n_prompts; i++)
-        if (p->question_len[i] == n && !memcmp(p->tokens + p->offsets[i], question, n * sizeof(int))) return 1;
+    for (int i = 0; i < p->n_prompts; i++) {
+        int len = o->eval_only ? p->offsets[i + 1] - p->offsets[i] : p->question_len[i];
+        if ((o->eval_only ? len >= n : len == n) && !memcmp(p->tokens + p->offsets[i], question, n * sizeof(int)))
+            return 1;
+    }
     return 0;
 }
 
@@ -310,7 +315,7 @@ static int try_task(const SelfStudyOptions *o, const SelfStudyInputs *in, const 
     if (sample_task_text(in, f, cue_chars, cap, sampler, text, MAX_TEXT) < 0) return 0;
     snprintf(question_text, sizeof question_text, "%s%s%s", f->seed, text, f->suffix);
     *nq = tokenizer_encode(in->tok, question_text, 0, 0, tokens, MAX_QUESTION);
-    if (*nq < 1 || *nq >= cap || has_question(b, tokens, *nq)) return 0;
+    if (*nq < 1 || *nq >= cap || has_question(o, b, tokens, *nq)) return 0;
     int room = cap - *nq < o->answer_len ? cap - *nq : o->answer_len;
     int answer = full_cache_rollout(in, tokens, *nq, stop, NULL, room, tokens + *nq);
     int stopped = answer > 0 && (tokens[*nq + answer - 1] == stop[0] || tokens[*nq + answer - 1] == stop[1]);
@@ -470,7 +475,7 @@ static char *next_request(const SelfStudyOptions *o, const SelfStudyInputs *in, 
     int ids[REQUEST_MAX];
     for (int draw = 1; o->eval_only && kind != CHAT_QUESTION && draw < FRESH_DRAWS; draw++) {
         int n = encode_request(in->tok, request, ids, REQUEST_MAX);
-        if (n > 0 && !has_question(b, ids, n)) break;
+        if (n > 0 && !has_question(o, b, ids, n)) break;
         free(request);
         k = (int)(rng_u32(rng) % n_chunks);
         request = chat_request(in->doc_text, start[k], end[k], kind, rng);
@@ -540,7 +545,7 @@ static void chat_answer_requests(const SelfStudyOptions *o, const SelfStudyInput
         int nq = encode_request(in->tok, cr->request[k], cr->ids[k], limit), repeat = nq < 0;
         for (int j = 0; j < m && !repeat; j++)
             repeat = cr->n[at[j]] == nq && !memcmp(cr->ids[at[j]], cr->ids[k], nq * sizeof(int));
-        if (repeat || has_question(b, cr->ids[k], nq)) continue;
+        if (repeat || has_question(o, b, cr->ids[k], nq)) continue;
         cr->n[k] = nq;
         cr->cap[k] = o->prompt_len - nq < o->answer_len ? o->prompt_len - nq : o->answer_len;
         at[m++] = k;

@@ -145,6 +145,8 @@ expect_error "train -z beside a GGUF model" "$bin/train" -m tests/data/gguf_llam
     -d data/doc.txt -o "$tmp/x.nectar"
 expect_error "infer -n given twice" "$bin/infer" -m data/model.bin -I "$tmp/prompt.ids" -n 3 -n 4
 expect_error "train --chat and --no-chat" "$bin/train" $dm -d data/doc.txt -o "$tmp/x.nectar" --chat --no-chat
+expect_error "train --eval-tasks with --eval-tasks-from" "$bin/train" $dm -d data/doc.txt -o "$tmp/x.nectar" \
+    --eval-tasks 5 --eval-tasks-from "$tmp/none.nectar"
 expect_error "benchmark -m given twice" "$bin/benchmark" -m data/model.bin -m data/model.bin
 expect_error "pretrain --steps given twice" "$bin/pretrain" -o "$tmp/p" --steps 1 --steps 2
 "$bin/infer" --help | grep -q -- "-p P .*0 or 1: off" && { printf '  %-52s ok\n' "infer --help: -p 0 turns top-p off"

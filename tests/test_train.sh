@@ -231,6 +231,18 @@ ok = ok and t["tasks"] == i["tasks"] and t["random"] == t0["random"] == i["rando
 print("    evaluation-only tasks:", t["tasks"]["n_prompts"], "answer match", t["tasks"]["answer_match"], t["tasks"]["answer_match_ci"])
 sys.exit(not ok)' "$tmp/et.json" "$tmp/et0.json" "$tmp/et_infer.json" \
         && ok "--eval-tasks: their own split, as infer --eval has it; the fit unchanged" || fail "--eval-tasks"
+    # --eval-tasks-from: another fit (rho 5%) measured on the same tasks; the run itself checks that no task's
+    # question starts a self-study prompt (the same self-study as et.nectar's: none may)
+    "$bin/train" $et --rho 0.05 --eval-tasks-from "$tmp/et.nectar" -o "$tmp/et_from.nectar" > "$tmp/et_from.json" \
+        2> "$tmp/log" || cat "$tmp/log"
+    python3 -c 'import json, sys
+t, f = (json.load(open(p))["tasks"] for p in sys.argv[1:])
+same = ("n_prompts", "n_answers", "n_positions", "kl_nodoc", "agree_nodoc", "answer_match_nodoc")
+sys.exit(not all(t[k] == f[k] for k in same) or t["kl"] == f["kl"])' "$tmp/et.json" "$tmp/et_from.json" \
+        && ok "--eval-tasks-from: the same tasks (no-document metrics equal), another fit" || fail "--eval-tasks-from"
+    "$bin/train" $et --eval-tasks-from "$tmp/et0.nectar" -o "$tmp/x.nectar" > /dev/null 2> "$tmp/log"
+    [ $? -eq 1 ] && grep -q "^error: .*holds no evaluation-only tasks" "$tmp/log" \
+        && ok "--eval-tasks-from a file without tasks is refused" || fail "--eval-tasks-from et0: $(head -c 200 "$tmp/log")"
     # train --qa reports the questions as infer --qa does with the same modules
     "$bin/train" -m data/model.bin -z data/tokenizer.bin -d data/doc.txt --n-prompts 20 --tasks 0 --steps 50 \
         -o "$tmp/qa.nectar" --qa data/doc.qa --json > "$tmp/qa_train.json" 2> "$tmp/log" || cat "$tmp/log"
