@@ -541,6 +541,69 @@ double kl_loss(const float *teacher_logits, const float *student_logits, int nto
     return total / ntok;
 }
 
+/* 1 if token i ranks below token j: a smaller log-probability, or the
+ * same and a larger id. */
+static int ranks_below(const double *lp, int i, int j) { return lp[i] < lp[j] || (lp[i] == lp[j] && i > j); }
+
+/* Restores the min-heap (the lowest-ranked token at the root) of n ids
+ * below position at. */
+static void sift_down(const double *lp, int *heap, int n, int at) {
+    for (int child; (child = 2 * at + 1) < n; at = child) {
+        if (child + 1 < n && ranks_below(lp, heap[child + 1], heap[child])) child++;
+        if (!ranks_below(lp, heap[child], heap[at])) return;
+        int t = heap[at]; heap[at] = heap[child]; heap[child] = t;
+    }
+}
+
+void top_k_logprobs(const float *logits, int V, int k, int *ids, float *logp, float *log_rest) {
+    double *lp = xmalloc(V * sizeof(double));
+    unsigned char *kept = xmalloc(V);
+    memset(kept, 0, V);
+    log_softmax(logits, V, lp);
+    /* the k highest-ranked tokens in a min-heap (O(V log k)), then taken out lowest first */
+    for (int i = 0; i < k; i++) ids[i] = i;
+    for (int i = k / 2 - 1; i >= 0; i--) sift_down(lp, ids, k, i);
+    for (int j = k; j < V; j++)
+        if (ranks_below(lp, ids[0], j)) { ids[0] = j; sift_down(lp, ids, k, 0); }
+    for (int n = k; n > 1; n--) {
+        int t = ids[0]; ids[0] = ids[n - 1]; ids[n - 1] = t;
+        sift_down(lp, ids, n - 1, 0);
+    }
+    double rest = 0, largest = -INFINITY;  /* log sum_{j not kept} p_j, from its largest term */
+    for (int r = 0; r < k; r++) { kept[ids[r]] = 1; logp[r] = (float)lp[ids[r]]; }
+    for (int j = 0; j < V; j++) if (!kept[j] && lp[j] > largest) largest = lp[j];
+    for (int j = 0; j < V; j++) if (!kept[j]) rest += exp(lp[j] - largest);
+    *log_rest = k < V ? (float)(largest + log(rest)) : -INFINITY;
+    free(lp); free(kept);
+}
+
+double kl_loss_top_k(const int *ids, const float *logp, const float *log_rest, int k, const float *student_logits,
+                     int ntok, int V, float *dlogits) {
+    double *lq = xmalloc(V * sizeof(double)), total = 0;
+    unsigned char *kept = xmalloc(V);
+    for (int t = 0; t < ntok; t++) {
+        const int *id = ids + (size_t)t * k;
+        const float *lp = logp + (size_t)t * k;
+        log_softmax(student_logits + (size_t)t * V, V, lq);
+        memset(kept, 0, V);
+        for (int r = 0; r < k; r++) kept[id[r]] = 1;
+        /* the rest's mass for the student, q_rest = sum_{j not kept} q_j, summed directly (no 1 - sum) */
+        double q_rest = 0, p_rest = exp((double)log_rest[t]);
+        for (int j = 0; j < V; j++) if (!kept[j]) q_rest += exp(lq[j]);
+        /* KL = sum_{i kept} p_i (log p_i - log q_i) + p_rest (log p_rest - log q_rest) */
+        for (int r = 0; r < k; r++) total += exp(lp[r]) * (lp[r] - lq[id[r]]);
+        if (p_rest > 0) total += p_rest * (log_rest[t] - log(q_rest));
+        /* d KL / dz_j = q_j - p_j (j kept), q_j - p_rest q_j / q_rest (j in the rest): averaged over positions */
+        if (!dlogits) continue;
+        float *g = dlogits + (size_t)t * V;
+        double rest_scale = p_rest > 0 ? 1 - p_rest / q_rest : 1;
+        for (int j = 0; j < V; j++) g[j] = (float)(exp(lq[j]) * (kept[j] ? 1 : rest_scale) / ntok);
+        for (int r = 0; r < k; r++) g[id[r]] -= (float)(exp(lp[r]) / ntok);
+    }
+    free(lq); free(kept);
+    return total / ntok;
+}
+
 double clip_grad_norm(float *grads, size_t n, double max_norm) {
     double norm = 0;
     for (size_t i = 0; i < n; i++) norm += (double)grads[i] * grads[i];

@@ -280,6 +280,16 @@ double kl_divergence(const double *logp, const double *logq, int n);
  * if dlogits (ntok, V) is not NULL, its gradient with respect to the
  * student's logits. */
 double kl_loss(const float *teacher_logits, const float *student_logits, int ntok, int V, float *dlogits);
+/* The teacher's distribution kept small: the k largest log-probabilities
+ * of softmax(logits) (V of them) with their token ids, largest first, and
+ * the log of the mass of the other V - k tokens (-inf when k = V). */
+void   top_k_logprobs(const float *logits, int V, int k, int *ids, float *logp, float *log_rest);
+/* Mean over ntok positions of the KL from the teacher's top k (ids, logp:
+ * (ntok, k); log_rest: (ntok)) to the student, the other tokens one bucket
+ * on both sides; if dlogits (ntok, V) is not NULL, its gradient with
+ * respect to the student's logits. With k = V it is kl_loss. */
+double kl_loss_top_k(const int *ids, const float *logp, const float *log_rest, int k, const float *student_logits,
+                     int ntok, int V, float *dlogits);
 /* Scales grads (n) down to norm max_norm when their norm is larger; returns
  * the norm before. */
 double clip_grad_norm(float *grads, size_t n, double max_norm);

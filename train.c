@@ -61,6 +61,7 @@ typedef struct {
     int json;
     int eval_train;  /* --eval-train: the metrics on the training prompts too */
     int teacher_logits_mb;  /* the teacher's logits are kept up to this size, else recomputed */
+    int kl_top_k;           /* > 0: the KL term's teacher kept as its k likeliest tokens and a rest */
     int gpu;
     int chat;  /* 1: --chat, 0: --no-chat, -1: as the model is (load_inputs decides) */
     int depth_backbone, depth_score, depth_target;
@@ -125,6 +126,9 @@ static void usage(FILE *f) {
         "  --lambda-A X      target loss weight (presets: 1; kl 0)\n"
         "  --lambda-kl X     KL distillation weight (presets: kl and mixed 1, regression 0)\n"
         "  --kl-prompts N    training prompts per step for the KL term (default 2)\n"
+        "  --kl-top-k K      the KL term's teacher as its K likeliest tokens and one bucket for the rest\n"
+        "                    (8 K + 4 bytes a position, not 4 V; the KL over K + 1 outcomes; default 0:\n"
+        "                    the whole vocabulary)\n"
         "  --teacher-logits-mb N  the KL term's teacher logits are kept from the teacher pass up to N MB,\n"
         "                    else recomputed at each step, on the CPU (default 2048)\n"
         "  --n-prompts N     self-study spans and continuations of the document (default 50; 32 with\n"
@@ -168,7 +172,7 @@ static void usage(FILE *f) {
 static const char VALUE_OPTIONS[] = " -m -z -d -D -o --prompts --prompt-ids --checkpoint --resume --init --qa --groups --arch --depths "
     "--rho --lr --wd --warmup --lambda-alpha --lambda-A --lambda-kl --kl-prompts --loss --steps --kl-steps --kl-lr "
     "--batch --n-prompts "
-    "--tasks --eval-tasks --eval-tasks-from --teacher-logits-mb --prompt-len --answer-len --checkpoint-every --stop-after -s ";
+    "--tasks --eval-tasks --eval-tasks-from --kl-top-k --teacher-logits-mb --prompt-len --answer-len --checkpoint-every --stop-after -s ";
 
 /* The options with a word for a value: --arch, --depths, --loss. 1 if a is
  * one of them, -1 after a sentence when its value is not one they take. */
@@ -211,11 +215,11 @@ static int parse_value_option(const char *a, const char *v, Options *o) {
         if (!strcmp(a, float_names[k])) return parse_float_option(a, v, floats[k]);
     int *ints[] = {&o->kl_prompts, &o->steps, &o->batch, &o->n_prompts, &o->n_tasks, &o->prompt_len,
                    &o->answer_len, &o->checkpoint_every, &o->stop_after, &o->teacher_logits_mb, &o->kl_steps,
-                   &o->eval_tasks};
+                   &o->eval_tasks, &o->kl_top_k};
     static const char *int_names[] = {"--kl-prompts", "--steps", "--batch", "--n-prompts", "--tasks",
                                       "--prompt-len", "--answer-len", "--checkpoint-every", "--stop-after",
-                                      "--teacher-logits-mb", "--kl-steps", "--eval-tasks"};
-    for (int k = 0; k < 12; k++) {
+                                      "--teacher-logits-mb", "--kl-steps", "--eval-tasks", "--kl-top-k"};
+    for (int k = 0; k < 13; k++) {
         if (strcmp(a, int_names[k])) continue;
         if (parse_int_option(a, v, ints[k]) != 0) return -1;
         if (*ints[k] != NOT_GIVEN) return 0;  /* the value that stands for "left to the recipe" */
@@ -250,10 +254,11 @@ static const char *check_options(const Options *o) {
         return "need --steps >= 0 (0: evaluate the initial modules) and --kl-steps >= 0";
     if (o->batch < 1 || given_below(o->n_prompts, 0) || given_below(o->n_tasks, 0) || given_below(o->eval_tasks, 0) ||
         given_below(o->prompt_len, 2) || given_below(o->answer_len, 0) ||
-        o->stop_after < 0 || o->checkpoint_every < 0 || o->teacher_logits_mb < 0 || o->teacher_logits_mb > (1 << 24))
+        o->stop_after < 0 || o->checkpoint_every < 0 || o->teacher_logits_mb < 0 || o->teacher_logits_mb > (1 << 24) ||
+        o->kl_top_k < 0)
         return "need --batch >= 1, --n-prompts >= 0, --tasks >= 0, --eval-tasks >= 0, "
-               "--prompt-len >= 2, --answer-len >= 0, --stop-after >= 0, --checkpoint-every >= 0 and "
-               "--teacher-logits-mb in 0..16777216";
+               "--prompt-len >= 2, --answer-len >= 0, --stop-after >= 0, --checkpoint-every >= 0, --kl-top-k >= 0 "
+               "and --teacher-logits-mb in 0..16777216";
     if (!(o->lr > 0) || !(isnan(o->kl_lr) || o->kl_lr > 0) || o->weight_decay < 0 || o->warmup_fraction < 0 ||
         o->warmup_fraction >= 1)
         return "need --lr > 0, --kl-lr > 0, --wd >= 0 and --warmup in [0, 1)";
@@ -398,6 +403,11 @@ static int load_inputs(Options *o, Inputs *in) {
     memset(in, 0, sizeof(*in));
     if (model_load(&in->model, o->model_path) != 0) return -1;
     const Config *c = &in->model.config;
+    if (o->kl_top_k > c->vocab_size) {
+        fprintf(stderr, "error: --kl-top-k %d is more than the model's vocabulary of %d tokens\n", o->kl_top_k,
+                c->vocab_size);
+        return -1;
+    }
     if (o->batch > INT_MAX / c->n_heads) {  /* a step's module queries, batch x n_heads, are counted in int */
         fprintf(stderr, "error: --batch %d is too large for a model of %d heads; keep it below %d\n",
                 o->batch, c->n_heads, INT_MAX / c->n_heads);
@@ -506,14 +516,18 @@ static int make_prompts(const Options *o, const Inputs *in, PromptSet *all, Prom
 typedef struct {
     FitTargets fit; /* P, and q, A(q), alpha(q) at the P positions */
     float *logits; /* (P, V) the teacher's logits, for the KL term (or NULL) */
+    int top_k;     /* > 0: instead, the teacher's top k at each position (top_k_logprobs): */
+    int *top_ids;  /* (P, top_k) their token ids */
+    float *top_logp, *top_rest; /* (P, top_k) their log-probabilities; (P) the log of the rest's mass */
     int n_train;   /* training prompts */
     int *prompt;   /* (n_train) their index in the prompt set */
     long *start;   /* (n_train) the position of their first token in P */
 } TeacherData;
 
 /* The training prompts' places in P (td->prompt, td->start), and room for
- * their targets, and for their logits when want_logits and they take at
- * most logits_budget bytes (else the KL term recomputes them). */
+ * their targets, and when want_logits for the KL term's teacher: its top k
+ * (td->top_k > 0), or its logits when they take at most logits_budget
+ * bytes (else the KL term recomputes them). */
 static void teacher_alloc(const Config *c, const PromptSet *p, const unsigned char *is_train, int want_logits,
                           size_t logits_budget, TeacherData *td) {
     int L = c->n_layers, D = c->dim, H = c->n_heads;
@@ -528,8 +542,9 @@ static void teacher_alloc(const Config *c, const PromptSet *p, const unsigned ch
         td->start[td->n_train++] = f->P;
         f->P += p->offsets[i + 1] - p->offsets[i];
     }
-    size_t logit_bytes = (size_t)f->P * c->vocab_size * sizeof(float);
-    int keep_logits = want_logits && logit_bytes <= logits_budget;
+    size_t logit_bytes = td->top_k ? (size_t)f->P * (td->top_k * (sizeof(int) + sizeof(float)) + sizeof(float))
+                                   : (size_t)f->P * c->vocab_size * sizeof(float);
+    int keep_logits = want_logits && (td->top_k || logit_bytes <= logits_budget);
     size_t bytes = (size_t)f->P * L * (2 * D + H) * sizeof(float) + (keep_logits ? logit_bytes : 0);
     fprintf(stderr, "teacher pass: %d prompts, %ld training positions, %.1f MB of targets%s\n", p->n_prompts, f->P,
             bytes / 1e6, want_logits && !keep_logits ? " (its logits, above --teacher-logits-mb, are recomputed "
@@ -537,7 +552,13 @@ static void teacher_alloc(const Config *c, const PromptSet *p, const unsigned ch
     f->q = xmalloc((size_t)L * f->P * D * sizeof(float));
     f->A = xmalloc((size_t)L * f->P * D * sizeof(float));
     f->alpha = xmalloc((size_t)L * f->P * H * sizeof(float));
-    td->logits = keep_logits ? xmalloc((size_t)f->P * c->vocab_size * sizeof(float)) : NULL;
+    if (keep_logits && td->top_k) {
+        td->top_ids = xmalloc((size_t)f->P * td->top_k * sizeof(int));
+        td->top_logp = xmalloc((size_t)f->P * td->top_k * sizeof(float));
+        td->top_rest = xmalloc((size_t)f->P * sizeof(float));
+    } else if (keep_logits) {
+        td->logits = xmalloc((size_t)f->P * c->vocab_size * sizeof(float));
+    }
 }
 
 /* Prompt i's rows [row, row + len) of the last forward: its embedding (the
@@ -560,6 +581,11 @@ static void teacher_record(const Config *c, const RunState *s, int row, int len,
         memcpy(f->alpha + target * H, s->taps.doc_lse + tap * H, (size_t)len * H * sizeof(float));
     }
     if (td->logits) memcpy(td->logits + (size_t)at * V, s->logits + (size_t)row * V, (size_t)len * V * sizeof(float));
+    for (long t = 0; td->top_ids && t < len; t++) {
+        size_t k = (size_t)td->top_k;
+        top_k_logprobs(s->logits + (size_t)(row + t) * V, V, td->top_k, td->top_ids + (at + t) * k,
+                       td->top_logp + (at + t) * k, td->top_rest + at + t);
+    }
 }
 
 /* Runs the full-cache model over every prompt, TEACHER_SEQS prompts a
@@ -844,12 +870,23 @@ static float learning_rate(const Stage *s, float warmup_fraction, int t) {
     return s->lr * 0.5f * (1.0f + cosf(3.14159265f * progress));
 }
 
+/* The teacher at one prompt's positions: its logits (len, V), or its top k
+ * (k > 0: ids and logp (len, k), rest (len)). */
+typedef struct {
+    const float *logits;
+    int k;
+    const int *ids;
+    const float *logp, *rest;
+} TeacherRows;
+
 /* One prompt's KL term, weight KL(teacher || student): returns the KL and
  * leaves its gradient with respect to the student's logits, times the
  * weight, in dlogits (len, V). */
-static double kl_term(const float *teacher_logits, const float *student_logits, int len, int V, float weight,
+static double kl_term(const TeacherRows *teacher, const float *student_logits, int len, int V, float weight,
                       float *dlogits) {
-    double kl = kl_loss(teacher_logits, student_logits, len, V, dlogits);
+    double kl = teacher->k ? kl_loss_top_k(teacher->ids, teacher->logp, teacher->rest, teacher->k, student_logits,
+                                           len, V, dlogits)
+                           : kl_loss(teacher->logits, student_logits, len, V, dlogits);
     for (size_t j = 0; j < (size_t)len * V; j++) dlogits[j] *= weight;
     return kl;
 }
@@ -938,7 +975,7 @@ typedef struct {
 typedef struct {
     void   (*start)(Fit *f);
     double (*regression)(Fit *f, const long *pos);
-    double (*kl)(Fit *f, const int *tokens, int len, const float *teacher_logits, float weight);
+    double (*kl)(Fit *f, const int *tokens, int len, const TeacherRows *teacher, float weight);
     double (*update)(Fit *f, float lr, int t);
     void   (*download)(Fit *f);
     void   (*finish)(Fit *f);
@@ -964,9 +1001,9 @@ static double cpu_regression(Fit *f, const long *pos) {
                             f->stage->weight_alpha, f->stage->weight_A);
 }
 
-static double cpu_kl(Fit *f, const int *tokens, int len, const float *teacher_logits, float weight) {
+static double cpu_kl(Fit *f, const int *tokens, int len, const TeacherRows *teacher, float weight) {
     forward(f->model, &f->student, &f->student_doc, tokens, len, 0, LOGITS_ALL);
-    double kl = kl_term(teacher_logits, f->student.logits, len, f->model->config.vocab_size, weight, f->dlogits);
+    double kl = kl_term(teacher, f->student.logits, len, f->model->config.vocab_size, weight, f->dlogits);
     backward(f->model, &f->student, &f->student_doc, tokens, len, f->dlogits, NULL);
     return kl;
 }
@@ -1023,10 +1060,10 @@ static double gpu_regression(Fit *f, const long *pos) {
                                  f->stage->weight_alpha, f->stage->weight_A);
 }
 
-static double gpu_kl(Fit *f, const int *tokens, int len, const float *teacher_logits, float weight) {
+static double gpu_kl(Fit *f, const int *tokens, int len, const TeacherRows *teacher, float weight) {
     GpuFit *g = &f->gpu;
     forward_cuda(&g->model, &g->student, &g->student_doc, tokens, len, 0, LOGITS_ALL);
-    double kl = kl_term(teacher_logits, g->student.logits, len, g->model.config.vocab_size, weight, f->dlogits);
+    double kl = kl_term(teacher, g->student.logits, len, g->model.config.vocab_size, weight, f->dlogits);
     backward_cuda(&g->model, &g->student, &g->student_doc, len, f->dlogits);
     return kl;
 }
@@ -1090,12 +1127,17 @@ static int kl_terms(Fit *f, const FitBackend *be, uint64_t *rng, double *loss) {
     for (int k = 0; k < o->kl_prompts; k++) {
         int i = td->prompt[pick[k]], len = all->offsets[i + 1] - all->offsets[i];
         const int *tokens = all->tokens + all->offsets[i];
-        if (!td->logits && forward(f->model, &f->teacher, f->doc, tokens, len, 0, LOGITS_ALL) != 0) return -1;
-        const float *teacher = td->logits ? td->logits + (size_t)td->start[pick[k]] * V : f->teacher.logits;
+        long at = td->start[pick[k]];
+        TeacherRows teacher = {td->logits ? td->logits + at * V : f->teacher.logits, td->top_k, NULL, NULL, NULL};
+        if (td->top_k)
+            teacher = (TeacherRows){NULL, td->top_k, td->top_ids + at * td->top_k, td->top_logp + at * td->top_k,
+                                    td->top_rest + at};
+        if (!td->logits && !td->top_k && forward(f->model, &f->teacher, f->doc, tokens, len, 0, LOGITS_ALL) != 0)
+            return -1;
         /* kl_loss averages over this prompt's positions; weigh by its share of all of them */
         float share = (float)len / positions;
         float lambda_kl = f->stage->lambda_kl;
-        double kl = be->kl(f, tokens, len, teacher, lambda_kl * share);
+        double kl = be->kl(f, tokens, len, &teacher, lambda_kl * share);
         *loss += lambda_kl * kl * share;
     }
     return 0;
@@ -1178,6 +1220,7 @@ static uint64_t run_fingerprint(const Options *o, const Inputs *in, const Prompt
         h = fnv1a(h, &o->kl_steps, sizeof o->kl_steps);
         h = fnv1a(h, &o->kl_lr, sizeof o->kl_lr);
     }
+    if (o->kl_top_k > 0) h = fnv1a(h, &o->kl_top_k, sizeof o->kl_top_k);  /* likewise */
     h = fnv1a(h, &o->seed, sizeof o->seed);
     h = fnv1a(h, o->groups, strlen(o->groups));
     h = fnv1a(h, &in->model.fingerprint, sizeof(uint64_t));
@@ -1276,6 +1319,7 @@ static void run_free(Run *r) {
     free(r->fit.adam.m); free(r->fit.adam.v); free(r->fit.dlogits); free(r->is_train);
     runstate_free(&r->fit.teacher);
     free(r->td.fit.q); free(r->td.fit.A); free(r->td.fit.alpha); free(r->td.logits); free(r->td.prompt);
+    free(r->td.top_ids); free(r->td.top_logp); free(r->td.top_rest);
     free(r->td.start);
     moduleset_free(&r->ms); moduleset_free(&r->init);
     promptset_free(&r->all); promptset_free(&r->eval_tasks);
@@ -1287,6 +1331,7 @@ static void run_free(Run *r) {
 static int teach_and_initialise(const Options *o, Run *r) {
     const Config *c = &r->in.model.config;
     float *embed = xmalloc((size_t)r->all.n_prompts * c->dim * sizeof(float));
+    r->td.top_k = o->kl_top_k;
     int rc = teacher_pass(&r->in.model, &r->in.doc, &r->all, r->is_train, uses_kl(o),
                           (size_t)o->teacher_logits_mb << 20, &r->td, embed);
     if (rc == 0) mark_challenge(&r->all, r->is_train, embed, c->dim);
@@ -1313,7 +1358,7 @@ static int fit_run(const Options *o, const FitBackend *backend, Run *r, double *
     make_stages(o, var_alpha, var_A, fit->stages);
     int max_len = promptset_max_len(&r->all);
     if (uses_kl(o)) fit->dlogits = xmalloc((size_t)max_len * c->vocab_size * sizeof(float));
-    if (uses_kl(o) && !r->td.logits) runstate_alloc(&fit->teacher, &r->in.model, &r->in.doc, max_len, max_len);
+    if (uses_kl(o) && !r->td.logits && !r->td.top_k) runstate_alloc(&fit->teacher, &r->in.model, &r->in.doc, max_len, max_len);
     uint64_t run_hash = run_fingerprint(o, &r->in, &r->all);
     if (o->resume_path && resume(o, fit, run_hash) != 0) return -1;
     int last_step = o->stop_after > 0 && o->stop_after < total_steps(o) ? o->stop_after : total_steps(o);

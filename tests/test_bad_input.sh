@@ -166,6 +166,8 @@ expect_error "train --qa of a bad file, before 10^6 steps" "$bin/train" $dm -d d
 expect_error "train --lambda-A nan" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --lambda-A nan
 expect_error "train --lambda-kl -1" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --lambda-kl -1
 expect_error "train --lr inf" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --lr inf
+expect_error "train --kl-top-k 301 (vocabulary 300)" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --kl-top-k 301
+expect_error "train --kl-top-k -1" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --kl-top-k -1
 expect_error "train --kl-steps -1" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --kl-steps -1
 expect_error "train --steps -2147483648 (not read as left out)" "$bin/train" -m $model -D "$tmp/doc.ids" \
     -o "$tmp/x.nectar" --steps -2147483648

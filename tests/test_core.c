@@ -1008,6 +1008,73 @@ static void test_clip_and_adamw_match_closed_forms(void) {
     }
 }
 
+/* The top-k KL against its definition, computed naively in doubles: the
+ * teacher's k likeliest tokens found by sorting, the rest one bucket, the
+ * student's softmax summed over the same buckets; its gradient against
+ * central differences; with k = V, kl_loss itself. */
+static void test_top_k_kl_matches_definition(void) {
+    enum { T = 3, V = 40, K = 5 };
+    printf("top-k KL (k = %d of %d) against its definition\n", K, V);
+    uint64_t rng = 11;
+    float teacher[T * V], student[T * V], logp[T * V], rest[T], grad[T * V], grad_full[T * V];
+    int ids[T * V];
+    fill_normal(teacher, T * V, 2.0f, &rng);
+    fill_normal(student, T * V, 2.0f, &rng);
+    teacher[3] = teacher[7] = 8.0f;  /* the likeliest two, tied: the lower id first */
+    double want_kl = 0, want_grad[T * V], want_rest[T], want_logp[T * K];
+    int ids_ok = 1;
+    for (int t = 0; t < T; t++) {
+        double p[V], q[V], zp = 0, zq = 0;
+        for (int j = 0; j < V; j++) { zp += exp(teacher[t * V + j]); zq += exp(student[t * V + j]); }
+        for (int j = 0; j < V; j++) { p[j] = exp(teacher[t * V + j]) / zp; q[j] = exp(student[t * V + j]) / zq; }
+        int top[V], is_top[V] = {0};
+        for (int j = 0; j < V; j++) top[j] = j;
+        for (int a = 0; a < V; a++)      /* selection sort: largest p first, the lower id on a tie */
+            for (int b = a + 1; b < V; b++)
+                if (p[top[b]] > p[top[a]] || (p[top[b]] == p[top[a]] && top[b] < top[a])) {
+                    int x = top[a]; top[a] = top[b]; top[b] = x;
+                }
+        top_k_logprobs(teacher + t * V, V, K, ids + t * K, logp + t * K, rest + t);
+        double p_rest = 0, q_rest = 0;
+        for (int r = 0; r < K; r++) {
+            is_top[top[r]] = 1;
+            ids_ok &= ids[t * K + r] == top[r];
+            want_logp[t * K + r] = log(p[top[r]]);
+            want_kl += p[top[r]] * log(p[top[r]] / q[top[r]]) / T;
+        }
+        for (int j = 0; j < V; j++) if (!is_top[j]) { p_rest += p[j]; q_rest += q[j]; }
+        want_rest[t] = log(p_rest);
+        want_kl += p_rest * log(p_rest / q_rest) / T;
+        for (int j = 0; j < V; j++)
+            want_grad[t * V + j] = (is_top[j] ? q[j] - p[j] : q[j] - p_rest * q[j] / q_rest) / T;
+    }
+    check("the k likeliest tokens, largest first (a tie: the lower id)", ids_ok);
+    check_close("their log-probabilities", logp, want_logp, T * K, 1e-6, 1e-6);
+    check_close("the log of the rest's mass", rest, want_rest, T, 1e-6, 1e-6);
+    double kl = kl_loss_top_k(ids, logp, rest, K, student, T, V, grad);
+    check("KL = sum_top p log(p/q) + p_rest log(p_rest/q_rest)", fabs(kl - want_kl) <= 1e-6 * want_kl);
+    check_close("its gradient: q_j - p_j (top), q_j (1 - p_rest / q_rest) (rest)", grad, want_grad, T * V, 1e-7, 1e-5);
+    /* central differences of the function itself, in its float inputs */
+    double fd[T * V];
+    for (int j = 0; j < T * V; j++) {
+        float keep = student[j], h = 1e-2f;
+        student[j] = keep + h;
+        double up = kl_loss_top_k(ids, logp, rest, K, student, T, V, NULL);
+        student[j] = keep - h;
+        double down = kl_loss_top_k(ids, logp, rest, K, student, T, V, NULL);
+        student[j] = keep;
+        fd[j] = (up - down) / (2.0 * h);
+    }
+    check_close("its gradient against central differences", grad, fd, T * V, 2e-5, 1e-2);
+    /* k = V: the whole distribution, no rest: kl_loss */
+    for (int t = 0; t < T; t++) top_k_logprobs(teacher + t * V, V, V, ids + t * V, logp + t * V, rest + t);
+    kl = kl_loss_top_k(ids, logp, rest, V, student, T, V, grad);
+    double full = kl_loss(teacher, student, T, V, grad_full), want_full[T * V];
+    for (int j = 0; j < T * V; j++) want_full[j] = grad_full[j];
+    check("k = V: no rest (log mass -inf), the KL of kl_loss", isinf(rest[0]) && rest[0] < 0 && fabs(kl - full) <= 1e-6 * full);
+    check_close("k = V: the gradient of kl_loss", grad, want_full, T * V, 1e-8, 1e-5);
+}
+
 /* evaluate() against its definitions, recomputed here. Quadrature modules
  * W = K, Z = V + u (u one vector per (layer, KV head)) give alpha exactly and
  * A_theta = A + u (the softmax sums to 1), so the module error is known. */
@@ -1396,6 +1463,7 @@ int main(void) {
     test_regression_loss_matches_definition(ARCH_MLP);
     test_regression_loss_matches_definition(ARCH_QUAD);
     test_clip_and_adamw_match_closed_forms();
+    test_top_k_kl_matches_definition();
     test_evaluate_metrics_match_definitions();
     test_answer_prefix_matches_definition();
     test_answer_metrics_match_definitions("oracle modules (u = 0)", 30, 0.0f, 1);

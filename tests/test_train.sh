@@ -203,6 +203,15 @@ a=$(json "$tmp/kl_kept.json" random kl) b=$(json "$tmp/kl_redo.json" random kl)
 echo "    KL after 30 steps: $a (logits kept), $b (recomputed)"
 grep -q "recomputed at each KL step" "$tmp/log" && is "($a - $b)^2 <= (1e-4 * $a)^2 && $a > 0" \
     && ok "--teacher-logits-mb 0: the teacher's logits recomputed give the same KL fit (1e-4)" || fail "recomputed teacher logits: '$a' '$b'"
+# the KL term's teacher as its top k: with k = V (300) the whole distribution, the same fit; k = 16 still fits
+train -o "$tmp/kl_top.nectar" --steps 30 --loss kl --kl-top-k 300 --json > "$tmp/kl_top.json" 2> /dev/null
+train -o "$tmp/kl_top16.nectar" --steps 30 --loss kl --kl-top-k 16 --json > "$tmp/kl_top16.json" 2> /dev/null
+train -o "$tmp/kl_top0.nectar" --steps 0 --loss kl --json > "$tmp/kl_top0.json" 2> /dev/null
+c=$(json "$tmp/kl_top.json" random kl) d=$(json "$tmp/kl_top16.json" random kl) e=$(json "$tmp/kl_top0.json" random kl)
+echo "    KL after 30 steps: $a (whole vocabulary), $c (top 300 of 300), $d (top 16); untrained $e"
+is "($a - $c)^2 <= (1e-4 * $a)^2 && $a > 0" && ok "--kl-top-k V: the KL fit of the whole vocabulary (1e-4)" \
+    || fail "--kl-top-k 300: '$a' '$c'"
+is "$d < 0.8 * $e" && ok "--kl-top-k 16 fits: held-out KL below 0.8x the untrained modules'" || fail "--kl-top-k 16: '$d' '$e'"
 # self-study tasks: the default model writes its own tasks about its document and answers them to the newline
 if [ -f data/model.bin ]; then
     "$bin/pretrain" --write-doc "$tmp/doc0" 2> /dev/null && cmp -s "$tmp/doc0/doc.txt" data/doc.txt && \
