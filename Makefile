@@ -52,12 +52,14 @@ fast_blas = $(shell scripts/fast_blas.sh $(1))
 # The main job: fit Nectar modules (MLP, rho 10%) to the default document for
 # the default model in data/, on self-study prompts alone (document spans and
 # continuations, and tasks the model writes about the document itself), print
-# the metrics on held-out prompts, then each held-out task prompt with its
-# exact, Nectar and no-document answers, and the answer match.
+# the metrics on held-out prompts and evaluation-only tasks and the
+# document's multiple-choice questions (data/doc.qa), then each held-out task
+# prompt with its exact, Nectar and no-document answers, and the answer match.
 DEMO_DIR := out
 demo: infer train
 	@mkdir -p $(DEMO_DIR)
-	$(call fast_blas,./train) ./train -m data/model.bin -z data/tokenizer.bin -d data/doc.txt --arch mlp --rho 0.1 -o $(DEMO_DIR)/demo.nectar
+	$(call fast_blas,./train) ./train -m data/model.bin -z data/tokenizer.bin -d data/doc.txt --arch mlp --rho 0.1 --qa data/doc.qa \
+	    -o $(DEMO_DIR)/demo.nectar
 	@echo; echo "document (data/doc.txt):"; cat data/doc.txt; echo; echo
 	$(call fast_blas,./infer) ./infer -m data/model.bin -z data/tokenizer.bin -d data/doc.txt -k $(DEMO_DIR)/demo.nectar --eval --answers
 
