@@ -462,6 +462,23 @@ void module_backward(const ModuleSet *s, const Module *mod, ModuleWork *w,
 /* ------------------------------------------------------------------------ */
 /* 3. Losses and the fitting step                                           */
 
+/* Round to nearest, ties to even: add 0x7FFF plus the lowest bit kept,
+ * then drop the low 16 bits (a carry into the exponent is the right
+ * rounding too, up to infinity). A NaN stays a (quiet) NaN. */
+uint16_t bf16_from_float(float x) {
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1)) >> 16);
+}
+
+float float_from_bf16(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
 void fitbatch_alloc(FitBatch *b, const ModuleSet *s, int n_heads, int B) {
     size_t G = s->n_kv_heads, N = (size_t)B * (n_heads / s->n_kv_heads), d = s->head_size;
     memset(b, 0, sizeof(*b));
@@ -489,8 +506,10 @@ double regression_grads(ModuleSet *s, ModuleWork *w, FitBatch *b, const FitTarge
                 for (int j = 0; j < group; j++) {
                     size_t row = (size_t)g * N + bi * group + j, at = (size_t)l * t->P + b->pos[bi];
                     int h = g * group + j;
-                    memcpy(b->q + row * d, t->q + at * D + (size_t)h * d, d * sizeof(float));
-                    memcpy(b->A_t + row * d, t->A + at * D + (size_t)h * d, d * sizeof(float));
+                    for (int k = 0; k < d; k++) {
+                        b->q[row * d + k] = float_from_bf16(t->q[at * D + (size_t)h * d + k]);
+                        b->A_t[row * d + k] = float_from_bf16(t->A[at * D + (size_t)h * d + k]);
+                    }
                     b->alpha_t[row] = t->alpha[at * H + h];
                 }
         for (int g = 0; g < G; g++) {

@@ -241,12 +241,20 @@ void module_backward(const ModuleSet *s, const Module *mod, ModuleWork *w,
 /* ------------------------------------------------------------------------ */
 /* 3. Losses and the fitting step                                           */
 
+/* bf16, the upper half of an fp32 (sign, 8 exponent bits, 7 mantissa
+ * bits): float -> bf16 rounds to nearest, ties to even (relative error at
+ * most 2^-8: half the 2^-7 step at 1); bf16 -> float is exact. */
+uint16_t bf16_from_float(float x);
+float    float_from_bf16(uint16_t h);
+
 /* What the full-cache model records at P positions, per layer: the targets
- * of the regression loss. */
+ * of the regression loss. q and A are kept in bf16, half the memory of
+ * fp32 with the fit's result unmoved (measured in docs/results.md); alpha,
+ * a log that the score loss compares at its own scale, stays fp32. */
 typedef struct {
     long P;
-    float *q;      /* (L, P, D) rotated queries */
-    float *A;      /* (L, P, D) exact document state A(q) */
+    uint16_t *q;   /* (L, P, D) rotated queries, bf16 */
+    uint16_t *A;   /* (L, P, D) exact document state A(q), bf16 */
     float *alpha;  /* (L, P, H) exact log attention mass alpha(q) */
 } FitTargets;
 

@@ -689,17 +689,19 @@ void modules_backward_cuda(const ModuleSet *s, int first, int count, ModuleWork 
 /* ------------------------------------------------------------------------ */
 /* Fitting                                                                  */
 
-static float *upload_floats(const float *host, size_t n) {
-    float *dev = (float *)cuda_xmalloc(n * sizeof(float));
-    if (n) CUDA_CHECK(cudaMemcpy(dev, host, n * sizeof(float), cudaMemcpyHostToDevice));
+static void *upload(const void *host, size_t bytes) {
+    void *dev = cuda_xmalloc(bytes);
+    if (bytes) CUDA_CHECK(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
     return dev;
 }
+
+static float *upload_floats(const float *host, size_t n) { return (float *)upload(host, n * sizeof(float)); }
 
 void fittargets_upload_cuda(FitTargets *dev, const FitTargets *host, int n_layers, int dim, int n_heads) {
     size_t rows = (size_t)n_layers * host->P;
     dev->P = host->P;
-    dev->q = upload_floats(host->q, rows * dim);          /* (L, P, D) */
-    dev->A = upload_floats(host->A, rows * dim);          /* (L, P, D) */
+    dev->q = (uint16_t *)upload(host->q, rows * dim * sizeof(uint16_t));  /* (L, P, D) bf16 */
+    dev->A = (uint16_t *)upload(host->A, rows * dim * sizeof(uint16_t));  /* (L, P, D) bf16 */
     dev->alpha = upload_floats(host->alpha, rows * n_heads);  /* (L, P, H) */
 }
 
@@ -727,9 +729,18 @@ void fitbatch_free_cuda(FitBatch *b) {
     memset(b, 0, sizeof(*b));
 }
 
+/* bf16 -> float: the 16 bits are the float's upper half */
+__device__ float float_from_bf16_device(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
 /* One thread per (row, component) of layer l's batch: row (g, bi group + j)
- * is head g group + j at position pos[bi]. */
-__global__ void fit_gather_kernel(float *q, float *A_t, float *alpha_t, const float *tq, const float *tA,
+ * is head g group + j at position pos[bi]; q and A arrive in bf16. */
+
+__global__ void fit_gather_kernel(float *q, float *A_t, float *alpha_t, const uint16_t *tq, const uint16_t *tA,
                                   const float *talpha, const long *pos, long P, int l, int G, int B,
                                   int group, int d) {
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x, N = (size_t)B * group;
@@ -738,8 +749,8 @@ __global__ void fit_gather_kernel(float *q, float *A_t, float *alpha_t, const fl
     int g = (int)(row / N), bi = (int)(row % N) / group, j = (int)(row % N) % group;
     int h = g * group + j, H = G * group;
     size_t at = (size_t)l * P + pos[bi];
-    q[i] = tq[at * H * d + (size_t)h * d + c];
-    A_t[i] = tA[at * H * d + (size_t)h * d + c];
+    q[i] = float_from_bf16_device(tq[at * H * d + (size_t)h * d + c]);
+    A_t[i] = float_from_bf16_device(tA[at * H * d + (size_t)h * d + c]);
     if (c == 0) alpha_t[row] = talpha[at * H + h];
 }
 

@@ -545,12 +545,12 @@ static void teacher_alloc(const Config *c, const PromptSet *p, const unsigned ch
     size_t logit_bytes = td->top_k ? (size_t)f->P * (td->top_k * (sizeof(int) + sizeof(float)) + sizeof(float))
                                    : (size_t)f->P * c->vocab_size * sizeof(float);
     int keep_logits = want_logits && (td->top_k || logit_bytes <= logits_budget);
-    size_t bytes = (size_t)f->P * L * (2 * D + H) * sizeof(float) + (keep_logits ? logit_bytes : 0);
+    size_t bytes = (size_t)f->P * L * (2 * D * sizeof(uint16_t) + H * sizeof(float)) + (keep_logits ? logit_bytes : 0);
     fprintf(stderr, "teacher pass: %d prompts, %ld training positions, %.1f MB of targets%s\n", p->n_prompts, f->P,
             bytes / 1e6, want_logits && !keep_logits ? " (its logits, above --teacher-logits-mb, are recomputed "
             "at each KL step)" : "");
-    f->q = xmalloc((size_t)L * f->P * D * sizeof(float));
-    f->A = xmalloc((size_t)L * f->P * D * sizeof(float));
+    f->q = xmalloc((size_t)L * f->P * D * sizeof(uint16_t));
+    f->A = xmalloc((size_t)L * f->P * D * sizeof(uint16_t));
     f->alpha = xmalloc((size_t)L * f->P * H * sizeof(float));
     if (keep_logits && td->top_k) {
         td->top_ids = xmalloc((size_t)f->P * td->top_k * sizeof(int));
@@ -576,8 +576,10 @@ static void teacher_record(const Config *c, const RunState *s, int row, int len,
     if (!is_train) return;
     for (int l = 0; l < L; l++) {
         size_t tap = (size_t)l * B + row, target = (size_t)l * f->P + at;
-        memcpy(f->q + target * D, s->taps.q + tap * D, (size_t)len * D * sizeof(float));
-        memcpy(f->A + target * D, s->taps.doc_A + tap * D, (size_t)len * D * sizeof(float));
+        for (size_t e = 0; e < (size_t)len * D; e++) {
+            f->q[target * D + e] = bf16_from_float(s->taps.q[tap * D + e]);
+            f->A[target * D + e] = bf16_from_float(s->taps.doc_A[tap * D + e]);
+        }
         memcpy(f->alpha + target * H, s->taps.doc_lse + tap * H, (size_t)len * H * sizeof(float));
     }
     if (td->logits) memcpy(td->logits + (size_t)at * V, s->logits + (size_t)row * V, (size_t)len * V * sizeof(float));
@@ -673,8 +675,9 @@ static void mlp_init_from_teacher(ModuleSet *ms, const FitTargets *targets, cons
                     size_t row = ((size_t)l * targets->P + t) * D + (size_t)(g * group + j) * d;
                     sa += targets->alpha[((size_t)l * targets->P + t) * H + g * group + j];
                     for (int k = 0; k < d; k++) {
-                        sA[k] += targets->A[row + k];
-                        sq += targets->q[row + k] * targets->q[row + k];
+                        double q = float_from_bf16(targets->q[row + k]);
+                        sA[k] += float_from_bf16(targets->A[row + k]);
+                        sq += q * q;
                     }
                 }
             double count = (double)targets->P * group;
@@ -704,9 +707,12 @@ static void regression_normalisers(const FitTargets *t, const Config *c, double 
             for (long p = 0; p < t->P; p++)
                 for (int j = 0; j < group; j++) {
                     double a = t->alpha[((size_t)l * t->P + p) * H + g * group + j];
-                    const float *A = t->A + ((size_t)l * t->P + p) * D + (size_t)(g * group + j) * d;
+                    const uint16_t *A = t->A + ((size_t)l * t->P + p) * D + (size_t)(g * group + j) * d;
                     sa += a; saa += a * a;
-                    for (int k = 0; k < d; k++) { sA[k] += A[k]; sAA[k] += (double)A[k] * A[k]; }
+                    for (int k = 0; k < d; k++) {
+                        double A_k = float_from_bf16(A[k]);
+                        sA[k] += A_k; sAA[k] += A_k * A_k;
+                    }
                 }
             /* Var(x) = E[x^2] - E[x]^2 */
             *var_alpha += saa / count - (sa / count) * (sa / count);

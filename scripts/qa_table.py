@@ -13,8 +13,12 @@ document's) and top-1 agreement; the held-out self-study prompts' KL
 multiple, agreement and answers beside them. Every rate with its 95%
 interval from train's JSON (Wilson's for counts, the prompts as clusters
 for KL and agreement), but no document's answer match, whose Wilson
-interval is computed here as src/eval.c computes Nectar's. Standard
-library only."""
+interval is computed here as src/eval.c computes Nectar's.
+
+A second table splits the questions by the full cache's margin (its
+chosen option's mean log-probability per token less the next option's):
+how often Nectar and no document chose as the full cache where the full
+cache was nearly undecided and where it was sure. Standard library only."""
 import json
 import math
 import sys
@@ -59,6 +63,22 @@ def row(label, r):
     return "| " + " | ".join(cells) + " |"
 
 
+MARGIN_BINS = [(0, 0.25), (0.25, 0.5), (0.5, 1.0), (1.0, math.inf)]
+
+
+def margin_row(label, qa):
+    """Per bin of the full cache's margin (nats per token): questions, and Nectar's and no document's choices
+    equal to the full cache's."""
+    margins = [sorted(opts, reverse=True)[0] - sorted(opts, reverse=True)[1] for opts in qa["logprob_mean"]["full"]]
+    choices = qa["choices"]
+    cells = [label]
+    for lo, hi in MARGIN_BINS:
+        inside = [i for i, m in enumerate(margins) if lo <= m < hi]
+        same = [sum(choices[k][i] == choices["full"][i] for i in inside) for k in ("nectar", "nodoc")]
+        cells.append("%d: %d / %d" % (len(inside), same[0], same[1]))
+    return "| " + " | ".join(cells) + " |"
+
+
 def main(args):
     if not args:
         sys.exit(__doc__)
@@ -66,10 +86,20 @@ def main(args):
           " [95%] | evaluation-only tasks: answers = the full cache's, Nectar / no doc [95%] | their KL (x no doc),"
           " agreement [95%] | held-out self-study: KL (x no doc), agreement [95%], answers = |")
     print("|---|---|---|---|---|---|")
+    fits = []
     for arg in args:
         label, _, path = arg.rpartition("=")
         with open(path) as f:
-            print(row(label or path, json.load(f)))
+            fits.append((label or path, json.load(f)))
+    for label, r in fits:
+        print(row(label, r))
+    print()
+    print("| fit | " + " | ".join("full cache's margin %g to %g: n: Nectar / no doc = full" % b
+                                   for b in MARGIN_BINS) + " |")
+    print("|---" * (len(MARGIN_BINS) + 1) + "|")
+    for label, r in fits:
+        if r.get("qa"):
+            print(margin_row(label, r["qa"]))
 
 
 if __name__ == "__main__":

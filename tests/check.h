@@ -52,4 +52,9 @@ static inline void fill_normal(float *x, size_t n, float std, uint64_t *rng) {
     for (size_t i = 0; i < n; i++) x[i] = std * rng_normal(rng);
 }
 
+/* The same draws, each kept in bf16 (as the fit's targets q and A are). */
+static inline void fill_normal_bf16(uint16_t *x, size_t n, float std, uint64_t *rng) {
+    for (size_t i = 0; i < n; i++) x[i] = bf16_from_float(std * rng_normal(rng));
+}
+
 #endif

@@ -893,6 +893,50 @@ static void test_kl_gradient_matches_finite_differences(void) {
     model_free(&m);
 }
 
+/* The value of a bf16 bit pattern's magnitude from its fields, in doubles:
+ * exponent field e, mantissa m (7 bits): m 2^-133 when e = 0, else
+ * (128 + m) 2^(e - 134); e = 255, m = 0 gives 2^128, the step past the
+ * largest finite bf16, which rounding reaches as infinity. */
+static double bf16_magnitude(uint32_t h) {
+    uint32_t e = (h >> 7) & 0xFF, m = h & 0x7F;
+    return e ? ldexp(128.0 + m, (int)e - 134) : ldexp(m, -133);
+}
+
+/* bf16_from_float against rounding to nearest from the definition: of the
+ * two bf16 magnitudes around |x| (the float's upper half, and the next),
+ * the nearer, a tie to the even pattern; every bf16 other than a NaN
+ * round-trips, a NaN stays a NaN. */
+static void test_bf16_rounds_to_nearest_even(void) {
+    printf("bf16: round to nearest even, against the definition\n");
+    int round_trip = 1, nan_kept = 1;
+    for (uint32_t h = 0; h < 0x10000; h++) {
+        float x = float_from_bf16((uint16_t)h);
+        if (isnan(x)) nan_kept &= isnan(float_from_bf16(bf16_from_float(x)));
+        else round_trip &= bf16_from_float(x) == h;
+    }
+    check("every bf16 but NaN round-trips, NaN stays NaN", round_trip && nan_kept);
+    uint64_t rng = 11;
+    long wrong = 0, ties = 0;
+    double max_rel = 0;
+    for (int i = 0; i < 1000000; i++) {
+        uint32_t u = rng_u32(&rng);
+        if (i % 4 == 0) u = (u & 0xFFFF0000u) | 0x8000u;  /* exactly halfway */
+        if ((u & 0x7F800000u) == 0x7F800000u) continue;  /* infinities and NaNs */
+        float x;
+        memcpy(&x, &u, sizeof x);
+        uint32_t low = u >> 16, high = low + 1;  /* patterns of the magnitudes below and above |x| */
+        double below = fabs(x) - bf16_magnitude(low), above = bf16_magnitude(high) - fabs(x);
+        uint32_t want = below < above || (below == above && !(low & 1)) ? low : high;
+        ties += below == above;
+        wrong += bf16_from_float(x) != want;
+        if (isnormal(x) && fabs(x) < 3e38) max_rel = fmax(max_rel, fabs(float_from_bf16(bf16_from_float(x)) - x) / fabs(x));
+    }
+    printf("    %ld of 1e6 floats rounded otherwise, %ld ties among them; relative error at most %.3g\n", wrong, ties, max_rel);
+    check("every float rounds to the nearest bf16, ties to even", wrong == 0 && ties > 100000);
+    check("relative error at most 2^-8 (normal floats)", max_rel <= ldexp(1, -8));
+    check("the largest float rounds to infinity", isinf(float_from_bf16(bf16_from_float(3.40282347e38f))));
+}
+
 /* The regression loss of train.c over every module, in doubles, from the
  * definition: module g of layer l sees head h = g (H/G) + j at each batch
  * position, and
@@ -909,11 +953,12 @@ static double naive_regression_loss(const ModuleSet *s, const double *params, co
                 for (int j = 0; j < group; j++) {
                     int h = g * group + j;
                     size_t at = (size_t)l * t->P + pos[bi];
-                    naive_module(s, mod, params + (mod->params - s->params), t->q + at * H * d + (size_t)h * d,
-                                 &a, A);
+                    float q[256];
+                    for (int c = 0; c < d; c++) q[c] = float_from_bf16(t->q[at * H * d + (size_t)h * d + c]);
+                    naive_module(s, mod, params + (mod->params - s->params), q, &a, A);
                     double ea = a - t->alpha[at * H + h], eA = 0;
                     for (int c = 0; c < d; c++) {
-                        double e = A[c] - t->A[at * H * d + (size_t)h * d + c];
+                        double e = A[c] - float_from_bf16(t->A[at * H * d + (size_t)h * d + c]);
                         eA += e * e;
                     }
                     loss += (lambda_alpha * ea * ea + lambda_A * eA) / N;
@@ -933,9 +978,10 @@ static void test_regression_loss_matches_definition(ModuleArch arch) {
     uint64_t rng = 5;
     fill_normal(s.params, s.n_params, 0.4f, &rng);
     for (int i = 0; i < L * G; i++) s.modules[i].input_scale = 0.5f + 0.1f * i;
-    float q[L * P * H * d], A_t[L * P * H * d], alpha_t[L * P * H];
-    fill_normal(q, L * P * H * d, 1.0f, &rng);
-    fill_normal(A_t, L * P * H * d, 1.0f, &rng);
+    uint16_t q[L * P * H * d], A_t[L * P * H * d];  /* bf16, as train.c keeps them */
+    float alpha_t[L * P * H];
+    fill_normal_bf16(q, L * P * H * d, 1.0f, &rng);
+    fill_normal_bf16(A_t, L * P * H * d, 1.0f, &rng);
     fill_normal(alpha_t, L * P * H, 2.0f, &rng);
     FitTargets t = {P, q, A_t, alpha_t};
     FitBatch b;
@@ -1460,6 +1506,7 @@ int main(void) {
     test_tokenizer_roundtrip_and_merges();
     test_op_backward_matches_finite_differences();
     test_kl_gradient_matches_finite_differences();
+    test_bf16_rounds_to_nearest_even();
     test_regression_loss_matches_definition(ARCH_MLP);
     test_regression_loss_matches_definition(ARCH_QUAD);
     test_clip_and_adamw_match_closed_forms();

@@ -378,9 +378,10 @@ static void test_fit_matches_cpu(ModuleArch arch, int d, int size, int B, int st
     if (moduleset_alloc(&s, arch, L, G, d, 1, 1, 1, sizes, 1) != 0) { check("moduleset_alloc for test_fit", 0); return; }
     uint64_t rng = 97 + d + size;
     fill_normal(s.params, s.n_params, arch == ARCH_MLP ? 0.2f : 1.0f, &rng);
-    FitTargets t = {P, host_floats((size_t)L * P * D), host_floats((size_t)L * P * D), host_floats((size_t)L * P * H)}, t_d;
-    fill_normal(t.q, (size_t)L * P * D, 1.0f, &rng);
-    fill_normal(t.A, (size_t)L * P * D, 0.5f, &rng);
+    FitTargets t = {P, (uint16_t *)xmalloc((size_t)L * P * D * sizeof(uint16_t)),
+                    (uint16_t *)xmalloc((size_t)L * P * D * sizeof(uint16_t)), host_floats((size_t)L * P * H)}, t_d;
+    fill_normal_bf16(t.q, (size_t)L * P * D, 1.0f, &rng);
+    fill_normal_bf16(t.A, (size_t)L * P * D, 0.5f, &rng);
     fill_normal(t.alpha, (size_t)L * P * H, 2.0f, &rng);
     moduleset_upload_cuda(&s_d, &s, 1);
     fittargets_upload_cuda(&t_d, &t, L, D, H);
