@@ -529,6 +529,11 @@ static void print_answers(const char *split, const EvalResult *r, const PromptSe
     printf("%s: Nectar's answer equals the full cache's on %.0f of %d task prompts (answer match %.3f; no "
            "document %.3f; prefix reproduced %.3f)\n", split, r->answer_match * r->n_answers, r->n_answers,
            r->answer_match, r->answer_match_nodoc, r->answer_prefix);
+    printf("    ended with the stop: full cache %.0f, Nectar %.0f, no document %.0f (Nectar on %.0f of the %d the full "
+           "cache ends); in a loop: %.0f, %.0f, %.0f\n", r->answer_ends[0] * r->n_answers,
+           r->answer_ends[1] * r->n_answers, r->answer_ends[2] * r->n_answers,
+           r->n_full_ends ? r->nectar_ends_too * r->n_full_ends : 0, r->n_full_ends, r->answer_loops[0] * r->n_answers,
+           r->answer_loops[1] * r->n_answers, r->answer_loops[2] * r->n_answers);
 }
 
 /* --eval: the metrics on the module file's held-out prompts (on the CPU). */

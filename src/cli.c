@@ -85,6 +85,16 @@ static void print_answer_summary(FILE *f, const EvalResult *r) {
     fprintf(f, "  %-26s %10s %10.4f %10.4f   Nectar's 95%% interval [%.3f, %.3f]\n", "equal to the full cache's",
             "", r->answer_match, r->answer_match_nodoc, r->answer_match_ci[0], r->answer_match_ci[1]);
     fprintf(f, "  %-26s %10s %10.4f\n", "prefix reproduced", "", r->answer_prefix);
+    fprintf(f, "  %-26s %10.4f %10.4f %10.4f   Nectar's 95%% interval [%.3f, %.3f]\n", "end with the model's stop",
+            r->answer_ends[0], r->answer_ends[1], r->answer_ends[2], r->answer_ends_ci[1][0], r->answer_ends_ci[1][1]);
+    if (r->n_full_ends)
+        fprintf(f, "  %-26s %10s %10.4f %10s   of the %d the full cache ends; 95%% interval [%.3f, %.3f]\n",
+                "end where the full cache's", "", r->nectar_ends_too, "", r->n_full_ends, r->nectar_ends_too_ci[0],
+                r->nectar_ends_too_ci[1]);
+    char loops[40];
+    snprintf(loops, sizeof loops, "repeat a %d-gram %d times", REPEAT_GRAM, REPEAT_TIMES);
+    fprintf(f, "  %-26s %10.4f %10.4f %10.4f   Nectar's 95%% interval [%.3f, %.3f]\n", loops, r->answer_loops[0],
+            r->answer_loops[1], r->answer_loops[2], r->answer_loops_ci[1][0], r->answer_loops_ci[1][1]);
 }
 
 void print_eval_table(FILE *f, const char *title, const EvalResult *r, int n_layers) {
@@ -112,6 +122,16 @@ static void print_interval_json(FILE *f, const char *name, const double ci[2]) {
     else fprintf(f, ", \"%s\": null", name);
 }
 
+/* ", \"name\": {\"full\": x, \"nectar\": y, \"nodoc\": z}, \"name_ci\": {...}" */
+static void print_triple_json(FILE *f, const char *name, const double x[3], const double ci[3][2]) {
+    static const char *const keys[3] = {"full", "nectar", "nodoc"};
+    fprintf(f, ", \"%s\": {", name);
+    for (int k = 0; k < 3; k++) fprintf(f, "%s\"%s\": %.6f", k ? ", " : "", keys[k], x[k]);
+    fprintf(f, "}, \"%s_ci\": {", name);
+    for (int k = 0; k < 3; k++) fprintf(f, "%s\"%s\": [%.6g, %.6g]", k ? ", " : "", keys[k], ci[k][0], ci[k][1]);
+    fprintf(f, "}");
+}
+
 void print_eval_json(FILE *f, const EvalResult *r) {
     fprintf(f, "{\"n_prompts\": %d, \"n_positions\": %d, \"acc_full\": %.6f, \"acc_nectar\": %.6f, "
             "\"acc_nodoc\": %.6f, \"gap_pp\": %.4f, \"agree\": %.6f, \"agree_nodoc\": %.6f, "
@@ -125,6 +145,13 @@ void print_eval_json(FILE *f, const EvalResult *r) {
     print_interval_json(f, "agree_ci", r->agree_ci);
     double none[2] = {NAN, NAN};
     print_interval_json(f, "answer_match_ci", r->n_answers > 0 ? r->answer_match_ci : none);
+    if (r->n_answers > 0) {
+        print_triple_json(f, "answer_ends", r->answer_ends, r->answer_ends_ci);
+        print_triple_json(f, "answer_repeats", r->answer_loops, r->answer_loops_ci);
+        fprintf(f, ", \"n_full_ends\": %d, \"nectar_ends_too\": ", r->n_full_ends);
+        fprintf(f, r->n_full_ends ? "%.6f" : "null", r->nectar_ends_too);
+        print_interval_json(f, "nectar_ends_too_ci", r->nectar_ends_too_ci);
+    }
     fprintf(f, "}");
 }
 

@@ -458,6 +458,16 @@ double answer_prefix_fraction(const int *ref, int n_ref, const int *got, int n_g
     return n_ref > 0 ? (double)k / n_ref : 1.0;
 }
 
+int answer_repeats(const int *tokens, int n) {
+    for (int i = 0; i + REPEAT_GRAM <= n; i++) {
+        int times = 1;  /* the run at i, its first occurrence, and the later ones */
+        for (int j = i + 1; j + REPEAT_GRAM <= n && times < REPEAT_TIMES; j++)
+            times += !memcmp(tokens + i, tokens + j, REPEAT_GRAM * sizeof(int));
+        if (times >= REPEAT_TIMES) return 1;
+    }
+    return 0;
+}
+
 /* The prompts with a question part (none when answers may have no token):
  * their count, and the longest question. */
 static int answer_prompts(const PromptSet *p, int *max_question) {
@@ -498,9 +508,12 @@ static int answer_run(const Model *m, const Document *run, int k, const PromptSe
 }
 
 /* answer_match: equal token for token (so of equal length); answer_prefix:
- * the share of the full cache's answer before the first difference. */
-static void answer_means(EvalResult *r) {
+ * the share of the full cache's answer before the first difference; an
+ * answer ends when its last token is a stop (kept there by rollouts). */
+static void answer_means(EvalResult *r, const int stop[2]) {
     double match = 0, match_nodoc = 0, prefix = 0;
+    int ends[3] = {0}, loops[3] = {0}, both_end = 0;
+    r->n_full_ends = 0;
     for (int a = 0; a < r->n_answers; a++) {
         const int *len = r->answer_len + (size_t)a * 3;
         const int *full = r->answer_tokens + (size_t)a * 3 * r->answer_cap;
@@ -508,12 +521,30 @@ static void answer_means(EvalResult *r) {
         match += len[1] == len[0] && !memcmp(nectar, full, len[0] * sizeof(int));
         match_nodoc += len[2] == len[0] && !memcmp(nodoc, full, len[0] * sizeof(int));
         prefix += answer_prefix_fraction(full, len[0], nectar, len[1]);
+        int ended[3];
+        for (int k = 0; k < 3; k++) {
+            const int *answer = full + (size_t)k * r->answer_cap;
+            ended[k] = len[k] > 0 && (answer[len[k] - 1] == stop[0] || answer[len[k] - 1] == stop[1]);
+            ends[k] += ended[k];
+            loops[k] += answer_repeats(answer, len[k]);
+        }
+        r->n_full_ends += ended[0];
+        both_end += ended[0] && ended[1];
     }
     if (r->n_answers == 0) return;
     r->answer_match = match / r->n_answers;
     wilson_interval((int)match, r->n_answers, &r->answer_match_ci[0], &r->answer_match_ci[1]);
     r->answer_match_nodoc = match_nodoc / r->n_answers;
     r->answer_prefix = prefix / r->n_answers;
+    for (int k = 0; k < 3; k++) {
+        r->answer_ends[k] = (double)ends[k] / r->n_answers;
+        wilson_interval(ends[k], r->n_answers, &r->answer_ends_ci[k][0], &r->answer_ends_ci[k][1]);
+        r->answer_loops[k] = (double)loops[k] / r->n_answers;
+        wilson_interval(loops[k], r->n_answers, &r->answer_loops_ci[k][0], &r->answer_loops_ci[k][1]);
+    }
+    r->nectar_ends_too = r->n_full_ends ? (double)both_end / r->n_full_ends : NAN;
+    if (r->n_full_ends) wilson_interval(both_end, r->n_full_ends, &r->nectar_ends_too_ci[0], &r->nectar_ends_too_ci[1]);
+    else r->nectar_ends_too_ci[0] = r->nectar_ends_too_ci[1] = NAN;
 }
 
 /* Split k's answers: those of `all` whose prompts are in it. */
@@ -531,7 +562,7 @@ static void split_answers(const PromptSet *p, const EvalResult *all, int k, Eval
         memcpy(r->answer_len + (size_t)b * 3, all->answer_len + (size_t)a * 3, 3 * sizeof(int));
         memcpy(r->answer_tokens + b * per, all->answer_tokens + a * per, per * sizeof(int));
     }
-    answer_means(r);
+    answer_means(r, p->answer_stop);
 }
 
 /* The full-cache, Nectar and no-document answers (rollouts, greedy; without

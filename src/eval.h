@@ -28,6 +28,15 @@ typedef struct {
      * cluster of positions; NaN with fewer than 2 prompts), answer_match
      * (Wilson) */
     double kl_ci[2], agree_ci[2], answer_match_ci[2];
+    /* whether answers end and whether they loop, for the full cache, Nectar
+     * and no document (k = 0, 1, 2), each with its 95% Wilson interval: the
+     * share of the answers that end with the model's stop token within the
+     * cap, and the share that repeat (answer_repeats, below); and of the
+     * n_full_ends answers the full cache ends, the share Nectar ends too */
+    double answer_ends[3], answer_ends_ci[3][2];
+    double answer_loops[3], answer_loops_ci[3][2];
+    int n_full_ends;
+    double nectar_ends_too, nectar_ends_too_ci[2];
     int answer_cap;               /* Acap: the longest answer, the stride below */
     int *answer_prompt;           /* (n_answers) the prompt's index in the set */
     int *answer_len;              /* (n_answers, 3) lengths: full cache, Nectar, no document */
@@ -73,6 +82,10 @@ void wilson_interval(int k, int n, double *lo, double *hi);
 /* The fraction of ref's n_ref tokens that got reproduces before the first
  * token where they differ (1 when ref is empty). */
 double answer_prefix_fraction(const int *ref, int n_ref, const int *got, int n_got);
+/* 1 if some run of REPEAT_GRAM tokens occurs REPEAT_TIMES times or more in
+ * the n tokens (occurrences may overlap): an answer caught in a loop. */
+enum { REPEAT_GRAM = 4, REPEAT_TIMES = 3 };
+int answer_repeats(const int *tokens, int n);
 void evalresult_free(EvalResult *r);
 
 /* ------------------------------------------------------------------------ */

@@ -1286,7 +1286,23 @@ static int naive_answer(const Model *m, const Document *doc, const int *question
 }
 
 /* The metrics recomputed from naive_answer for one split. */
-typedef struct { double match, match_nodoc, prefix; int n, stopped, same_answers; } AnswerCount;
+typedef struct {
+    double match, match_nodoc, prefix;
+    int n, stopped, same_answers;
+    int ends[3], loops[3], full_ends, both_end;  /* end with a stop, repeat a 4-gram 3 times (k = run) */
+} AnswerCount;
+
+/* An answer in a loop by its definition, counted another way: some
+ * 4-token window equal to at least two other windows. */
+static int naive_loops(const int *t, int n) {
+    for (int i = 0; i + 4 <= n; i++) {
+        int equal = 0;
+        for (int j = 0; j + 4 <= n; j++)
+            equal += j != i && t[j] == t[i] && t[j + 1] == t[i + 1] && t[j + 2] == t[i + 2] && t[j + 3] == t[i + 3];
+        if (equal >= 2) return 1;
+    }
+    return 0;
+}
 
 /* Whether prompt i counts in split k of evaluate (EVAL_*): the random split
  * holds every self-study prompt held out, challenge ones included, and no
@@ -1298,8 +1314,8 @@ static int counts_in(const PromptSet *p, int i, int k) {
 
 static AnswerCount count_answers(const Model *m, const Document runs[3], const PromptSet *p, int split,
                                  const EvalResult *r) {
-    enum { CAP = 10 };
-    AnswerCount a = {0, 0, 0, 0, 0, 1};
+    enum { CAP = 24 };
+    AnswerCount a = {.same_answers = 1};
     int nodoc_input[64];  /* the prefix, then the question */
     for (int i = 0; i < p->n_prompts; i++) {
         if (p->question_len[i] == 0 || !counts_in(p, i, split)) continue;
@@ -1311,6 +1327,15 @@ static AnswerCount count_answers(const Model *m, const Document runs[3], const P
         len[1] = naive_answer(m, &runs[1], q, nq, p->answer_stop, CAP, want[1]);
         len[2] = naive_answer(m, &runs[2], nodoc_input, K + nq, p->answer_stop, CAP, want[2]);
         a.stopped += len[0] < CAP;
+        int ended[3];
+        for (int run = 0; run < 3; run++) {
+            int last = len[run] ? want[run][len[run] - 1] : -2;
+            ended[run] = last == p->answer_stop[0] || last == p->answer_stop[1];
+            a.ends[run] += ended[run];
+            a.loops[run] += naive_loops(want[run], len[run]);
+        }
+        a.full_ends += ended[0];
+        a.both_end += ended[0] && ended[1];
         a.match += len[1] == len[0] && !memcmp(want[1], want[0], len[0] * sizeof(int));
         a.match_nodoc += len[2] == len[0] && !memcmp(want[2], want[0], len[0] * sizeof(int));
         int k = 0;  /* the first divergence, counted here by hand */
@@ -1335,11 +1360,23 @@ static void check_answer_split(const EvalResult *r, const AnswerCount *a, int sp
     check("answer_match_nodoc, the same without the document", r->answer_match_nodoc == a->match_nodoc / a->n);
     check_close("answer_prefix = mean reproduced share before divergence", (float[]){(float)r->answer_prefix},
                 (double[]){a->prefix / a->n}, 1, 0, 1e-6);
+    int ends_ok = r->n_full_ends == a->full_ends, loops_ok = 1;
+    for (int k = 0; k < 3; k++) {
+        ends_ok &= r->answer_ends[k] == (double)a->ends[k] / a->n;
+        loops_ok &= r->answer_loops[k] == (double)a->loops[k] / a->n;
+    }
+    ends_ok &= a->full_ends ? r->nectar_ends_too == (double)a->both_end / a->full_ends : isnan(r->nectar_ends_too);
+    printf("    end with a stop: %d / %d / %d, Nectar where the full cache does %d of %d; loop: %d / %d / %d\n",
+           a->ends[0], a->ends[1], a->ends[2], a->both_end, a->full_ends, a->loops[0], a->loops[1], a->loops[2]);
+    check("answer_ends, nectar_ends_too: answers ending with a stop", ends_ok);
+    check("answer_loops: answers with a 4-gram 3 times", loops_ok);
     if (expect_oracle)
         check("oracle modules: every answer is the full cache's", r->answer_match == 1 && r->answer_prefix == 1);
     else if (!split)
         check("modules with an error: some answers equal, some differ", r->answer_match > 0 && r->answer_match < 1);
     if (split) return;
+    check("some answers end with the stop and some run to the cap", a->ends[0] > 0 && a->ends[0] < a->n);
+    check("some answers of the full cache loop (the count is tested)", a->loops[0] > 0);
     if (n_doc == 1)
         check("BOS alone as the document: no-document answers all equal", r->answer_match_nodoc == 1);
     else
@@ -1382,6 +1419,8 @@ static void check_split_alone(const Model *m, const DocCache *cache, const Modul
          !memcmp(a->score_mse_layer, got->score_mse_layer, L * sizeof(double)) &&
          !memcmp(a->target_mse_layer, got->target_mse_layer, L * sizeof(double)) &&
          a->n_answers == got->n_answers && a->answer_match == got->answer_match &&
+         !memcmp(a->answer_ends, got->answer_ends, sizeof a->answer_ends) &&
+         !memcmp(a->answer_loops, got->answer_loops, sizeof a->answer_loops) && a->n_full_ends == got->n_full_ends &&
          a->answer_match_nodoc == got->answer_match_nodoc && a->answer_prefix == got->answer_prefix &&
          a->answer_cap == got->answer_cap &&
          !memcmp(a->answer_len, got->answer_len, 3 * got->n_answers * sizeof(int)) &&
@@ -1389,6 +1428,25 @@ static void check_split_alone(const Model *m, const DocCache *cache, const Modul
     check(k == EVAL_CHALLENGE ? "challenge split of one pass = its prompts evaluated alone, bit for bit"
                               : "evaluation-only tasks of one pass = the tasks evaluated alone, bit for bit", ok);
     if (ran) for (int j = 0; j < EVAL_SPLITS; j++) evalresult_free(&split[j]);
+}
+
+/* answer_repeats on answers made by hand: a 4-gram three times (apart,
+ * overlapping, at the end), twice only, and shorter runs. */
+static void test_answer_repeats_by_hand(void) {
+    printf("answer_repeats: a 4-gram three times or more\n");
+    int three[] = {1, 2, 3, 4, 9, 1, 2, 3, 4, 8, 1, 2, 3, 4};
+    int overlapping[] = {7, 7, 7, 7, 7, 7};      /* 7 7 7 7 at 0, 1, 2 */
+    int twice[] = {1, 2, 3, 4, 1, 2, 3, 4, 5};
+    int five_short[] = {5, 5, 5, 5, 5};          /* 5 5 5 5 at 0 and 1 only */
+    int three_grams[] = {1, 2, 3, 1, 2, 3, 1, 2, 3};  /* 1 2 3 1 at 0, 3: twice */
+    int cycle[] = {1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3};  /* 1 2 3 1 at 0, 3, 6 */
+    check("a 4-gram three times apart: a loop", answer_repeats(three, 14) && naive_loops(three, 14));
+    check("six equal tokens (overlapping windows): a loop", answer_repeats(overlapping, 6));
+    check("a 4-gram twice: not a loop", !answer_repeats(twice, 9) && !naive_loops(twice, 9));
+    check("five equal tokens (two windows): not a loop", !answer_repeats(five_short, 5));
+    check("a 3-token cycle three times: not yet (4-grams twice)", !answer_repeats(three_grams, 9));
+    check("a 3-token cycle four times: a loop", answer_repeats(cycle, 12));
+    check("empty and short answers: no loop", !answer_repeats(three, 0) && !answer_repeats(three, 3));
 }
 
 /* A document (random tokens, or BOS alone: then the no-document model, whose
@@ -1403,7 +1461,7 @@ static void test_answer_metrics_match_definitions(const char *name, int n_doc, f
     model_init_random(&m, small_gqa, 1, 42, 0.15f);
     const Config *c = &m.config;
     int L = c->n_layers, G = c->n_kv_heads, d = c->dim / c->n_heads, V = c->vocab_size;
-    enum { NPROMPTS = 6, LEN = 8, CAP = 10, MAX_DOC = 30 };
+    enum { NPROMPTS = 6, LEN = 8, CAP = 24, MAX_DOC = 30 };
     int doc_ids[MAX_DOC], offsets[NPROMPTS + 1], tokens[NPROMPTS * LEN], question_len[NPROMPTS], bos[1] = {1};
     unsigned char split_flags[NPROMPTS] = {0, 1, 0, 1, 2, 0};  /* prompt 4: an evaluation-only task */
     uint64_t rng = 77;
@@ -1513,6 +1571,7 @@ int main(void) {
     test_top_k_kl_matches_definition();
     test_evaluate_metrics_match_definitions();
     test_answer_prefix_matches_definition();
+    test_answer_repeats_by_hand();
     test_answer_metrics_match_definitions("oracle modules (u = 0)", 30, 0.0f, 1);
     test_answer_metrics_match_definitions("modules with an error (Z = V + u)", 30, 0.02f, 0);
     test_answer_metrics_match_definitions("a document of BOS alone, oracle modules", 1, 0.0f, 1);
