@@ -55,6 +55,10 @@ static void usage(FILE *f) {
         "  --json         with --eval or --qa: one JSON object on stdout\n"
         "  --answers      with --eval: each held-out task prompt with its exact, Nectar and\n"
         "                 no-document greedy answers, then the answer match (instead of the tables)\n"
+        "  --drift N      with --eval, instead of its tables: the full cache continues held-out task\n"
+        "                 prompts N tokens (no stop), and KL(full || Nectar, no document) and top-1\n"
+        "                 agreement along them, in bins of the distance from the document\n"
+        "  --drift-prompts K  how many held-out task prompts --drift continues (default 8)\n"
         "  --qa FILE      with -d/-D: the multiple-choice questions of FILE (format: docs/formats.md),\n"
         "                 each option scored by its mean log-probability per token as the reply\n"
         "                 after the question (with --chat, the assistant's turn), with the full\n"
@@ -74,6 +78,7 @@ typedef struct {
     const char *model_path, *tok_path, *doc_text_path, *doc_ids_path, *module_path, *prompt_text, *prompt_ids_path;
     const char *qa_path;  /* --qa */
     int n_gen, print_ids, encode_only, eval, compare, json, gpu, chat, answers;
+    int drift, drift_prompts;  /* --drift N, --drift-prompts K (0: not given) */
     float temperature, topp;
     unsigned long long seed;
 } Options;
@@ -121,6 +126,9 @@ static const char *options_problem(const Options *o) {
     if (o->json && !o->eval && !o->qa_path) return "--json is the output of --eval or --qa; add one or drop --json";
     if (o->answers && (!o->eval || o->json)) return "--answers is a text output of --eval; add --eval and drop --json";
     if (o->gpu && (o->eval || o->qa_path)) return "--eval and --qa run on the CPU; drop --gpu";
+    if ((o->drift || o->drift_prompts) && !o->eval) return "--drift and --drift-prompts are a mode of --eval; add --eval";
+    if (o->drift_prompts && !o->drift) return "--drift-prompts needs --drift N";
+    if (o->drift && o->answers) return "--drift prints its own table; drop --answers";
 #ifndef NECTAR_CUDA
     if (o->gpu) return NO_GPU_SUPPORT;
 #endif
@@ -132,7 +140,7 @@ static const char *options_problem(const Options *o) {
 }
 
 static int parse_options(int argc, char **argv, Options *o) {
-    *o = (Options){.n_gen = 64, .temperature = 1.0f, .topp = 0.9f, .seed = 1234};
+    *o = (Options){.n_gen = 64, .temperature = 1.0f, .topp = 0.9f, .seed = 1234};  /* --drift-prompts: 8 */
     SeenOptions seen = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -140,6 +148,12 @@ static int parse_options(int argc, char **argv, Options *o) {
         if (option_once(&seen, a) != 0) return -1;
         if (parse_flag(a, o)) continue;
         if (!strcmp(a, "--qa") && i + 1 < argc) { o->qa_path = argv[++i]; continue; }
+        int *count = !strcmp(a, "--drift") ? &o->drift : !strcmp(a, "--drift-prompts") ? &o->drift_prompts : NULL;
+        if (count && i + 1 < argc) {
+            if (parse_int_option(a, argv[++i], count) != 0) return -1;
+            if (*count < 1) { fprintf(stderr, "error: %s needs a count >= 1\n", a); return -1; }
+            continue;
+        }
         if (a[0] != '-' || strlen(a) != 2 || i + 1 >= argc) {
             fprintf(stderr, "error: unknown or incomplete option '%s' (see --help)\n", a);
             return -1;
@@ -536,6 +550,29 @@ static void print_answers(const char *split, const EvalResult *r, const PromptSe
            r->answer_loops[1] * r->n_answers, r->answer_loops[2] * r->n_answers);
 }
 
+/* --drift: the drift table (or its JSON). */
+static int run_drift(const Options *o, const Inputs *in, const Device *dv) {
+    DriftResult r;
+    int n_seqs = o->drift_prompts ? o->drift_prompts : 8;
+    if (drift_profile(&in->model, &dv->cache, &in->modules, &in->modules.heldout, o->drift, n_seqs, &r) != 0)
+        return -1;
+    if (o->json) printf("{\"drift\": {\"n_seqs\": %d, \"length\": %d, \"bins\": [", r.n_seqs, r.length);
+    else printf("drift: %d held-out task prompts, each continued %d tokens by the full cache (greedy, no stop)\n"
+                "  %-14s %9s %12s %12s %24s %10s %10s\n", r.n_seqs, r.length, "local tokens", "positions",
+                "KL Nectar", "KL no doc", "Nectar's KL 95% interval", "agree", "agree nodoc");
+    for (int b = 0; b < r.n_bins; b++) {
+        if (o->json)
+            printf("%s{\"lo\": %d, \"hi\": %d, \"positions\": %ld, \"kl\": %.6g, \"kl_nodoc\": %.6g, \"kl_ci\": "
+                   "[%.6g, %.6g], \"agree\": %.6f, \"agree_nodoc\": %.6f}", b ? ", " : "", r.lo[b], r.hi[b],
+                   r.positions[b], r.kl[b], r.kl_nodoc[b], r.kl_ci[b][0], r.kl_ci[b][1], r.agree[b], r.agree_nodoc[b]);
+        else
+            printf("  %5d - %-6d %9ld %12.4f %12.4f       [%8.4f, %8.4f] %10.4f %10.4f\n", r.lo[b], r.hi[b],
+                   r.positions[b], r.kl[b], r.kl_nodoc[b], r.kl_ci[b][0], r.kl_ci[b][1], r.agree[b], r.agree_nodoc[b]);
+    }
+    if (o->json) printf("]}}\n");
+    return 0;
+}
+
 /* --eval: the metrics on the module file's held-out prompts (on the CPU). */
 static int run_eval(const Options *o, const Inputs *in, const Device *dv) {
     const Config *c = &in->model.config;
@@ -632,7 +669,7 @@ static int run_mode(const Options *o, const Inputs *in, const Device *dv, double
     if (in->has_modules) doc = (Document){DOC_NECTAR, in->modules.n_doc, NULL, dv->modules};
     else if (dv->has_cache) doc = (Document){DOC_EXACT, in->n_doc, &dv->cache, NULL};
     if (in->has_modules) print_storage(in);
-    return o->qa_path ? run_qa(o, in, dv) : o->eval ? run_eval(o, in, dv)
+    return o->qa_path ? run_qa(o, in, dv) : o->drift ? run_drift(o, in, dv) : o->eval ? run_eval(o, in, dv)
          : o->compare ? run_compare(o, in, dv, &doc) : run_generate(o, in, dv, &doc, prefill_ms);
 }
 

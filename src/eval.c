@@ -159,33 +159,42 @@ static int after_nodoc_prefix(const PromptSet *p, const int *prompt, int len, in
     return k;
 }
 
-/* One prompt through the full-cache, Nectar and no-document models: the
- * next-token predictions at positions 0 .. len-2 against the true next
- * token and against the full cache's, into e->prompt. */
-static int count_next_tokens(Evaluation *e, const Model *m, const PromptSet *p, const int *prompt, int len) {
-    Sums *r = &e->prompt;
-    int V = m->config.vocab_size;
+/* One prompt through the full-cache, Nectar and no-document models, every
+ * position's logits kept; returns the no-document prefix's length put
+ * before it (the no-document logits of position t are at t + that), or -1. */
+static int forward_three(Evaluation *e, const Model *m, const PromptSet *p, const int *prompt, int len) {
     int prefix = after_nodoc_prefix(p, prompt, len, e->nodoc_input);
     if (forward(m, &e->sf, &e->full, prompt, len, 0, LOGITS_ALL) != 0 ||
         forward(m, &e->sn, &e->nectar, prompt, len, 0, LOGITS_ALL) != 0 ||
         forward(m, &e->s0, &NO_DOCUMENT, e->nodoc_input, prefix + len, 0, LOGITS_ALL) != 0) return -1;
-    for (int t = 0; t + 1 < len; t++) {
-        const float *lf = e->sf.logits + (size_t)t * V, *ln = e->sn.logits + (size_t)t * V;
-        const float *l0 = e->s0.logits + (size_t)(t + prefix) * V;
-        int top_full = argmax(lf, V), top_nectar = argmax(ln, V), top_nodoc = argmax(l0, V);
-        int truth = prompt[t + 1];
-        r->hits_full += top_full == truth;
-        r->hits_nectar += top_nectar == truth;
-        r->hits_nodoc += top_nodoc == truth;
-        r->agree += top_nectar == top_full;
-        r->agree_nodoc += top_nodoc == top_full;
-        log_softmax(lf, V, e->lp_full);
-        log_softmax(ln, V, e->lp_other);
-        r->kl += kl_divergence(e->lp_full, e->lp_other, V);
-        log_softmax(l0, V, e->lp_other);
-        r->kl_nodoc += kl_divergence(e->lp_full, e->lp_other, V);
-        r->positions++;
-    }
+    return prefix;
+}
+
+/* Position t's next-token predictions (after forward_three) against the
+ * true next token and against the full cache's, into r. */
+static void count_position(Evaluation *e, int V, const int *prompt, int t, int prefix, Sums *r) {
+    const float *lf = e->sf.logits + (size_t)t * V, *ln = e->sn.logits + (size_t)t * V;
+    const float *l0 = e->s0.logits + (size_t)(t + prefix) * V;
+    int top_full = argmax(lf, V), top_nectar = argmax(ln, V), top_nodoc = argmax(l0, V);
+    int truth = prompt[t + 1];
+    r->hits_full += top_full == truth;
+    r->hits_nectar += top_nectar == truth;
+    r->hits_nodoc += top_nodoc == truth;
+    r->agree += top_nectar == top_full;
+    r->agree_nodoc += top_nodoc == top_full;
+    log_softmax(lf, V, e->lp_full);
+    log_softmax(ln, V, e->lp_other);
+    r->kl += kl_divergence(e->lp_full, e->lp_other, V);
+    log_softmax(l0, V, e->lp_other);
+    r->kl_nodoc += kl_divergence(e->lp_full, e->lp_other, V);
+    r->positions++;
+}
+
+/* One prompt's next-token predictions at positions 0 .. len-2 into e->prompt. */
+static int count_next_tokens(Evaluation *e, const Model *m, const PromptSet *p, const int *prompt, int len) {
+    int prefix = forward_three(e, m, p, prompt, len);
+    if (prefix < 0) return -1;
+    for (int t = 0; t + 1 < len; t++) count_position(e, m->config.vocab_size, prompt, t, prefix, &e->prompt);
     return 0;
 }
 
@@ -622,6 +631,116 @@ void evalresult_free(EvalResult *r) {
     free(r->score_mse_layer); free(r->target_mse_layer);
     free(r->answer_prompt); free(r->answer_len); free(r->answer_tokens);
     memset(r, 0, sizeof(*r));
+}
+
+/* ------------------------------------------------------------------------ */
+/* Drift: the models far from the document                                 */
+
+/* Bin b of local positions: [0, 64) for b = 0, then [64 2^(b-1), 64 2^b). */
+static int drift_bin_start(int b) { return b == 0 ? 0 : DRIFT_FIRST_BIN << (b - 1); }
+
+static int drift_bin(int t) {
+    int b = 0;
+    while (t >= drift_bin_start(b + 1)) b++;
+    return b;
+}
+
+/* The chosen prompts' questions and the full cache's greedy continuations
+ * of `length` tokens (no stop) after them, into seqs (n, stride). */
+static int drift_continuations(const Model *m, const DocCache *doc, const PromptSet *p, const int *chosen, int n,
+                               int max_question, int length, int *seqs, int stride) {
+    Document full = {DOC_EXACT, doc->n, doc, NULL};
+    RunState s;
+    int block = max_question > ROLLOUT_BATCH ? max_question : ROLLOUT_BATCH, rc = 0;
+    runstate_alloc_seqs(&s, m, &full, block, stride, ROLLOUT_BATCH);
+    Rollout batch[ROLLOUT_BATCH];
+    EvalProgress progress = eval_progress_start("drift: the full cache's continuations, batches",
+                                                (n + ROLLOUT_BATCH - 1) / ROLLOUT_BATCH);
+    for (int first = 0; first < n && rc == 0; first += ROLLOUT_BATCH) {
+        int count = n - first < ROLLOUT_BATCH ? n - first : ROLLOUT_BATCH;
+        for (int j = 0; j < count; j++) {
+            int i = chosen[first + j], nq = p->question_len[i];
+            int *seq = seqs + (size_t)(first + j) * stride;
+            memcpy(seq, p->tokens + p->offsets[i], nq * sizeof(int));
+            batch[j] = (Rollout){seq, nq, length, seq + nq, 0};
+        }
+        rc = rollouts(m, &s, &full, (int[2]){-1, -1}, NULL, batch, count);  /* no stop: each runs to `length` */
+        eval_progress_step(&progress);
+    }
+    eval_progress_end(&progress);
+    runstate_free(&s);
+    return rc;
+}
+
+/* Each continuation teacher-forced through the three models: position t's
+ * predictions into bin drift_bin(t), each sequence a cluster of the
+ * bins' intervals. */
+static int drift_measure(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *p,
+                         const int *chosen, const int *seqs, int stride, int length, DriftResult *r) {
+    int L = m->config.n_layers, H = m->config.n_heads, V = m->config.vocab_size, rc = 0;
+    Evaluation e;
+    evaluation_start(&e, m, doc, ms, p, stride);
+    Sums seq_bins[DRIFT_MAX_BINS], bins[DRIFT_MAX_BINS];
+    for (int b = 0; b < r->n_bins; b++) { sums_alloc(&seq_bins[b], L, H); sums_alloc(&bins[b], L, H); }
+    EvalProgress progress = eval_progress_start("drift: teacher-forced continuations", r->n_seqs);
+    for (int a = 0; a < r->n_seqs && rc == 0; a++) {
+        const int *seq = seqs + (size_t)a * stride;
+        int len = p->question_len[chosen[a]] + length, prefix = forward_three(&e, m, p, seq, len);
+        if (prefix < 0) { rc = -1; break; }
+        for (int b = 0; b < r->n_bins; b++) sums_clear(&seq_bins[b], L, H);
+        for (int t = 0; t + 1 < len; t++) count_position(&e, V, seq, t, prefix, &seq_bins[drift_bin(t)]);
+        for (int b = 0; b < r->n_bins; b++)
+            if (seq_bins[b].positions) sums_add_prompt(&bins[b], &seq_bins[b], L, H);
+        eval_progress_step(&progress);
+    }
+    eval_progress_end(&progress);
+    for (int b = 0; b < r->n_bins; b++) {
+        const Sums *s = &bins[b];
+        double n = (double)s->positions;
+        r->positions[b] = s->positions;
+        r->kl[b] = s->kl / n; r->kl_nodoc[b] = s->kl_nodoc / n;
+        r->agree[b] = s->agree / n; r->agree_nodoc[b] = s->agree_nodoc / n;
+        ratio_interval(r->kl[b], n, s->prompts, s->kl2, s->kl_x, s->x2, r->kl_ci[b]);
+        sums_free(&seq_bins[b]); sums_free(&bins[b]);
+    }
+    evaluation_free(&e);
+    return rc;
+}
+
+int drift_profile(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts, int length,
+                  int n_seqs, DriftResult *r) {
+    const Config *c = &m->config;
+    int K = prompts->n_nodoc_prefix, max_question = 1, n = 0;
+    memset(r, 0, sizeof(*r));
+    if (evaluation_check(m, doc, ms, prompts, promptset_max_len(prompts)) != 0) return -1;
+    int *chosen = xmalloc((prompts->n_prompts + 1) * sizeof(int));
+    for (int i = 0; prompts->question_len && i < prompts->n_prompts && n < n_seqs; i++) {
+        if (prompts->question_len[i] == 0) continue;
+        chosen[n++] = i;
+        if (prompts->question_len[i] > max_question) max_question = prompts->question_len[i];
+    }
+    /* what the context leaves after the document (or the prefix) and the longest question */
+    int room = c->seq_len - (doc->n > K ? doc->n : K) - max_question;
+    if (length > room) length = room;
+    if (n == 0 || length < 2) {
+        fprintf(stderr, "error: drift needs held-out prompts with a question part and room after them in the "
+                "context (%d prompts with one; %d tokens of room)\n", n, room);
+        free(chosen);
+        return -1;
+    }
+    r->n_seqs = n;
+    r->length = length;
+    while (r->n_bins < DRIFT_MAX_BINS && drift_bin_start(r->n_bins) < max_question + length) {
+        r->lo[r->n_bins] = drift_bin_start(r->n_bins);
+        r->hi[r->n_bins] = drift_bin_start(r->n_bins + 1);
+        r->n_bins++;
+    }
+    int stride = max_question + length;
+    int *seqs = xmalloc((size_t)n * stride * sizeof(int));
+    int rc = drift_continuations(m, doc, prompts, chosen, n, max_question, length, seqs, stride);
+    if (rc == 0) rc = drift_measure(m, doc, ms, prompts, chosen, seqs, stride, length, r);
+    free(seqs); free(chosen);
+    return rc;
 }
 
 /* ------------------------------------------------------------------------ */

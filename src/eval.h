@@ -88,6 +88,27 @@ enum { REPEAT_GRAM = 4, REPEAT_TIMES = 3 };
 int answer_repeats(const int *tokens, int n);
 void evalresult_free(EvalResult *r);
 
+/* Drift: how close Nectar stays to the full cache far from the document.
+ * The full cache continues each of the first n_seqs held-out prompts with
+ * a question part (its question, then `length` greedy tokens, no stop:
+ * a chat model writes on past its turn), shortened to what the context
+ * leaves; each sequence then runs teacher-forced through the full cache,
+ * Nectar and no document, and the KL(full || model) and top-1 agreement of
+ * its positions are summed in bins of the local position t (tokens after
+ * the document): [0, 64), [64, 128), [128, 256), ... 0, or -1 after a
+ * sentence. */
+enum { DRIFT_FIRST_BIN = 64, DRIFT_MAX_BINS = 16 };
+typedef struct {
+    int n_seqs, length, n_bins;
+    int lo[DRIFT_MAX_BINS], hi[DRIFT_MAX_BINS];  /* bin b: local positions [lo, hi) */
+    long positions[DRIFT_MAX_BINS];
+    double kl[DRIFT_MAX_BINS], kl_nodoc[DRIFT_MAX_BINS];
+    double kl_ci[DRIFT_MAX_BINS][2];             /* Nectar's KL, the sequences as clusters */
+    double agree[DRIFT_MAX_BINS], agree_nodoc[DRIFT_MAX_BINS];
+} DriftResult;
+int drift_profile(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts, int length,
+                  int n_seqs, DriftResult *r);
+
 /* ------------------------------------------------------------------------ */
 /* Sampling: greedy, temperature, top-p (as llama2.c)                       */
 

@@ -147,6 +147,12 @@ expect_error "infer -n given twice" "$bin/infer" -m data/model.bin -I "$tmp/prom
 expect_error "train --chat and --no-chat" "$bin/train" $dm -d data/doc.txt -o "$tmp/x.nectar" --chat --no-chat
 expect_error "train --eval-tasks with --eval-tasks-from" "$bin/train" $dm -d data/doc.txt -o "$tmp/x.nectar" \
     --eval-tasks 5 --eval-tasks-from "$tmp/none.nectar"
+expect_error "infer --drift without --eval" "$bin/infer" $dm -d data/doc.txt -k "$tmp/none.nectar" --drift 10
+expect_error "infer --eval --drift 0" "$bin/infer" $dm -d data/doc.txt -k "$tmp/none.nectar" --eval --drift 0
+expect_error "infer --eval --drift-prompts without --drift" "$bin/infer" $dm -d data/doc.txt -k "$tmp/none.nectar" \
+    --eval --drift-prompts 3
+expect_error "infer --eval --drift with --answers" "$bin/infer" $dm -d data/doc.txt -k "$tmp/none.nectar" --eval \
+    --drift 10 --answers
 expect_error "benchmark -m given twice" "$bin/benchmark" -m data/model.bin -m data/model.bin
 expect_error "pretrain --steps given twice" "$bin/pretrain" -o "$tmp/p" --steps 1 --steps 2
 "$bin/infer" --help | grep -q -- "-p P .*0 or 1: off" && { printf '  %-52s ok\n' "infer --help: -p 0 turns top-p off"

@@ -1503,6 +1503,72 @@ static void test_answer_metrics_match_definitions(const char *name, int n_doc, f
     model_free(&m);
 }
 
+/* drift_profile with oracle modules (W = K, Z = V: the exact document
+ * state): in every bin Nectar's KL is 0 to rounding and its top-1 is the
+ * full cache's, where no document's KL is not; each bin counts the
+ * positions [lo, hi) of every sequence (its question, then `length`
+ * tokens); a length beyond the context is shortened to what is left, and
+ * no room at all is refused. */
+static void test_drift_bins_with_oracle_modules(void) {
+    printf("drift: oracle modules, bins of the distance from the document\n");
+    Model m;
+    model_init_random(&m, small_gqa, 1, 42, 0.15f);
+    const Config *c = &m.config;
+    enum { NPROMPTS = 5, LEN = 8, N_DOC = 30 };
+    int doc_ids[N_DOC], offsets[NPROMPTS + 1], tokens[NPROMPTS * LEN], bos[1] = {1};
+    int question_len[NPROMPTS] = {3, 0, 5, 2, 6};  /* prompt 1 has no question: not continued */
+    unsigned char split_flags[NPROMPTS] = {0, 0, 1, 2, 0};
+    uint64_t rng = 5;
+    for (int i = 0; i < N_DOC; i++) doc_ids[i] = 3 + rng_u32(&rng) % (c->vocab_size - 3);
+    for (int i = 0; i < NPROMPTS * LEN; i++) tokens[i] = 3 + rng_u32(&rng) % (c->vocab_size - 3);
+    for (int i = 0; i <= NPROMPTS; i++) offsets[i] = i * LEN;
+    PromptSet prompts = {.n_prompts = NPROMPTS, .offsets = offsets, .tokens = tokens, .split = split_flags,
+                         .question_len = question_len, .answer_cap = 8, .answer_stop = {2, 1},
+                         .n_nodoc_prefix = 1, .nodoc_prefix = bos};
+    DocCache cache;
+    doccache_build(&cache, &m, doc_ids, N_DOC, 8);
+    ModuleSet ms;
+    int p[3] = {N_DOC, N_DOC, N_DOC};
+    moduleset_alloc(&ms, ARCH_QUAD, c->n_layers, c->n_kv_heads, c->dim / c->n_heads, 0, 0, 0, p, 0);
+    quad_init_from_cache(&ms, &cache);
+    ms.n_doc = N_DOC;
+    DriftResult r;
+    int ok = drift_profile(&m, &cache, &ms, &prompts, 1000, 3, &r) == 0;
+    int room = c->seq_len - N_DOC - 5;  /* the longest question of the three chosen: 5 */
+    check("drift runs; a length beyond the context is shortened to the room", ok && r.length == room);
+    long want[DRIFT_MAX_BINS] = {0}, total = 0;
+    int chosen[3] = {0, 2, 3};
+    for (int a = 0; ok && a < 3; a++)
+        for (int t = 0; t + 1 < question_len[chosen[a]] + r.length; t++) want[t < 64 ? 0 : 1]++;
+    double max_kl = 0, min_agree = 1, min_kl_nodoc = INFINITY;
+    for (int b = 0; ok && b < r.n_bins; b++) {
+        total += r.positions[b];
+        ok &= r.positions[b] == want[b];
+        max_kl = fmax(max_kl, r.kl[b]);
+        min_agree = fmin(min_agree, r.agree[b]);
+        min_kl_nodoc = fmin(min_kl_nodoc, r.kl_nodoc[b]);
+    }
+    printf("    %d sequences of %d tokens after their questions, %d bins, %ld positions; Nectar KL at most %.2e, "
+           "agreement at least %.4f; no document's KL at least %.3f\n", r.n_seqs, r.length, r.n_bins, total,
+           max_kl, min_agree, min_kl_nodoc);
+    check("bins [0, 64) and [64, 128), each position counted in its own", ok && r.n_bins == 2 && r.lo[1] == 64);
+    check("oracle modules: KL 0 to rounding (1e-6) and agreement 1 in every bin", ok && max_kl < 1e-6 && min_agree == 1);
+    check("without the document the KL is not 0 (the measure can fail)", ok && min_kl_nodoc > 1e-3);
+    int long_question[NPROMPTS] = {c->seq_len - N_DOC, 0, 0, 0, 0};
+    int long_offsets[NPROMPTS + 1] = {0, c->seq_len - N_DOC, c->seq_len - N_DOC, c->seq_len - N_DOC,
+                                      c->seq_len - N_DOC, c->seq_len - N_DOC};
+    int *long_tokens = xmalloc(c->seq_len * sizeof(int));
+    for (int i = 0; i < c->seq_len; i++) long_tokens[i] = 3;
+    PromptSet full_context = prompts;
+    full_context.question_len = long_question; full_context.offsets = long_offsets; full_context.tokens = long_tokens;
+    fprintf(stderr, "    (one refusal expected below)\n");
+    check("no room after the question: refused", drift_profile(&m, &cache, &ms, &full_context, 10, 3, &r) != 0);
+    free(long_tokens);
+    moduleset_free(&ms);
+    doccache_free(&cache);
+    model_free(&m);
+}
+
 /* The held-out prompts' question lengths, answer stops and cap and the
  * no-document prefix survive the module file; a question longer than its
  * prompt is refused. */
@@ -1576,6 +1642,7 @@ int main(void) {
     test_answer_metrics_match_definitions("modules with an error (Z = V + u)", 30, 0.02f, 0);
     test_answer_metrics_match_definitions("a document of BOS alone, oracle modules", 1, 0.0f, 1);
     test_module_file_keeps_answer_parts();
+    test_drift_bins_with_oracle_modules();
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;
 }
