@@ -26,6 +26,7 @@
 #endif
 
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -561,11 +562,13 @@ static int run_drift(const Options *o, const Inputs *in, const Device *dv) {
                 "  %-14s %9s %12s %12s %24s %10s %10s\n", r.n_seqs, r.length, "local tokens", "positions",
                 "KL Nectar", "KL no doc", "Nectar's KL 95% interval", "agree", "agree nodoc");
     for (int b = 0; b < r.n_bins; b++) {
-        if (o->json)
-            printf("%s{\"lo\": %d, \"hi\": %d, \"positions\": %ld, \"kl\": %.6g, \"kl_nodoc\": %.6g, \"kl_ci\": "
-                   "[%.6g, %.6g], \"agree\": %.6f, \"agree_nodoc\": %.6f}", b ? ", " : "", r.lo[b], r.hi[b],
-                   r.positions[b], r.kl[b], r.kl_nodoc[b], r.kl_ci[b][0], r.kl_ci[b][1], r.agree[b], r.agree_nodoc[b]);
-        else
+        if (o->json) {
+            printf("%s{\"lo\": %d, \"hi\": %d, \"positions\": %ld, \"kl\": %.6g, \"kl_nodoc\": %.6g, \"kl_ci\": ",
+                   b ? ", " : "", r.lo[b], r.hi[b], r.positions[b], r.kl[b], r.kl_nodoc[b]);
+            if (isfinite(r.kl_ci[b][0])) printf("[%.6g, %.6g]", r.kl_ci[b][0], r.kl_ci[b][1]);
+            else printf("null");  /* one sequence: no interval */
+            printf(", \"agree\": %.6f, \"agree_nodoc\": %.6f}", r.agree[b], r.agree_nodoc[b]);
+        } else
             printf("  %5d - %-6d %9ld %12.4f %12.4f       [%8.4f, %8.4f] %10.4f %10.4f\n", r.lo[b], r.hi[b],
                    r.positions[b], r.kl[b], r.kl_nodoc[b], r.kl_ci[b][0], r.kl_ci[b][1], r.agree[b], r.agree_nodoc[b]);
     }

@@ -730,7 +730,8 @@ int drift_profile(const Model *m, const DocCache *doc, const ModuleSet *ms, cons
     }
     r->n_seqs = n;
     r->length = length;
-    while (r->n_bins < DRIFT_MAX_BINS && drift_bin_start(r->n_bins) < max_question + length) {
+    /* the longest sequence predicts at positions 0 .. max_question + length - 2: every bin holds some */
+    while (r->n_bins < DRIFT_MAX_BINS && drift_bin_start(r->n_bins) < max_question + length - 1) {
         r->lo[r->n_bins] = drift_bin_start(r->n_bins);
         r->hi[r->n_bins] = drift_bin_start(r->n_bins + 1);
         r->n_bins++;
