@@ -547,8 +547,8 @@ static void print_answers(const char *split, const EvalResult *r, const PromptSe
     printf("    ended with the stop: full cache %.0f, Nectar %.0f, no document %.0f (Nectar on %.0f of the %d the full "
            "cache ends); in a loop: %.0f, %.0f, %.0f\n", r->answer_ends[0] * r->n_answers,
            r->answer_ends[1] * r->n_answers, r->answer_ends[2] * r->n_answers,
-           r->n_full_ends ? r->nectar_ends_too * r->n_full_ends : 0, r->n_full_ends, r->answer_loops[0] * r->n_answers,
-           r->answer_loops[1] * r->n_answers, r->answer_loops[2] * r->n_answers);
+           r->n_full_ends ? r->nectar_ends_too * r->n_full_ends : 0, r->n_full_ends, r->answer_repeats[0] * r->n_answers,
+           r->answer_repeats[1] * r->n_answers, r->answer_repeats[2] * r->n_answers);
 }
 
 /* --drift: the drift table (or its JSON). */

@@ -576,8 +576,6 @@ static void sift_down(const double *lp, int *heap, int n, int at) {
 
 void top_k_logprobs(const float *logits, int V, int k, int *ids, float *logp, float *log_rest) {
     double *lp = xmalloc(V * sizeof(double));
-    unsigned char *kept = xmalloc(V);
-    memset(kept, 0, V);
     log_softmax(logits, V, lp);
     /* the k highest-ranked tokens in a min-heap (O(V log k)), then taken out lowest first */
     for (int i = 0; i < k; i++) ids[i] = i;
@@ -588,12 +586,13 @@ void top_k_logprobs(const float *logits, int V, int k, int *ids, float *logp, fl
         int t = ids[0]; ids[0] = ids[n - 1]; ids[n - 1] = t;
         sift_down(lp, ids, n - 1, 0);
     }
-    double rest = 0, largest = -INFINITY;  /* log sum_{j not kept} p_j, from its largest term */
-    for (int r = 0; r < k; r++) { kept[ids[r]] = 1; logp[r] = (float)lp[ids[r]]; }
-    for (int j = 0; j < V; j++) if (!kept[j] && lp[j] > largest) largest = lp[j];
-    for (int j = 0; j < V; j++) if (!kept[j]) rest += exp(lp[j] - largest);
+    /* log sum_{j not kept} p_j, from its largest term: the kept ones set to log 0 first */
+    for (int r = 0; r < k; r++) { logp[r] = (float)lp[ids[r]]; lp[ids[r]] = -INFINITY; }
+    double rest = 0, largest = -INFINITY;
+    for (int j = 0; j < V; j++) if (lp[j] > largest) largest = lp[j];
+    for (int j = 0; j < V && k < V; j++) rest += exp(lp[j] - largest);
     *log_rest = k < V ? (float)(largest + log(rest)) : -INFINITY;
-    free(lp); free(kept);
+    free(lp);
 }
 
 double kl_loss_top_k(const int *ids, const float *logp, const float *log_rest, int k, const float *student_logits,

@@ -93,8 +93,8 @@ static void print_answer_summary(FILE *f, const EvalResult *r) {
                 r->nectar_ends_too_ci[1]);
     char loops[40];
     snprintf(loops, sizeof loops, "repeat a %d-gram %d times", REPEAT_GRAM, REPEAT_TIMES);
-    fprintf(f, "  %-26s %10.4f %10.4f %10.4f   Nectar's 95%% interval [%.3f, %.3f]\n", loops, r->answer_loops[0],
-            r->answer_loops[1], r->answer_loops[2], r->answer_loops_ci[1][0], r->answer_loops_ci[1][1]);
+    fprintf(f, "  %-26s %10.4f %10.4f %10.4f   Nectar's 95%% interval [%.3f, %.3f]\n", loops, r->answer_repeats[0],
+            r->answer_repeats[1], r->answer_repeats[2], r->answer_repeats_ci[1][0], r->answer_repeats_ci[1][1]);
 }
 
 void print_eval_table(FILE *f, const char *title, const EvalResult *r, int n_layers) {
@@ -147,7 +147,7 @@ void print_eval_json(FILE *f, const EvalResult *r) {
     print_interval_json(f, "answer_match_ci", r->n_answers > 0 ? r->answer_match_ci : none);
     if (r->n_answers > 0) {
         print_triple_json(f, "answer_ends", r->answer_ends, r->answer_ends_ci);
-        print_triple_json(f, "answer_repeats", r->answer_loops, r->answer_loops_ci);
+        print_triple_json(f, "answer_repeats", r->answer_repeats, r->answer_repeats_ci);
         fprintf(f, ", \"n_full_ends\": %d, \"nectar_ends_too\": ", r->n_full_ends);
         fprintf(f, r->n_full_ends ? "%.6f" : "null", r->nectar_ends_too);
         print_interval_json(f, "nectar_ends_too_ci", r->nectar_ends_too_ci);

@@ -467,7 +467,7 @@ double answer_prefix_fraction(const int *ref, int n_ref, const int *got, int n_g
     return n_ref > 0 ? (double)k / n_ref : 1.0;
 }
 
-int answer_repeats(const int *tokens, int n) {
+int answer_in_loop(const int *tokens, int n) {
     for (int i = 0; i + REPEAT_GRAM <= n; i++) {
         int times = 1;  /* the run at i, its first occurrence, and the later ones */
         for (int j = i + 1; j + REPEAT_GRAM <= n && times < REPEAT_TIMES; j++)
@@ -535,7 +535,7 @@ static void answer_means(EvalResult *r, const int stop[2]) {
             const int *answer = full + (size_t)k * r->answer_cap;
             ended[k] = len[k] > 0 && (answer[len[k] - 1] == stop[0] || answer[len[k] - 1] == stop[1]);
             ends[k] += ended[k];
-            loops[k] += answer_repeats(answer, len[k]);
+            loops[k] += answer_in_loop(answer, len[k]);
         }
         r->n_full_ends += ended[0];
         both_end += ended[0] && ended[1];
@@ -548,8 +548,8 @@ static void answer_means(EvalResult *r, const int stop[2]) {
     for (int k = 0; k < 3; k++) {
         r->answer_ends[k] = (double)ends[k] / r->n_answers;
         wilson_interval(ends[k], r->n_answers, &r->answer_ends_ci[k][0], &r->answer_ends_ci[k][1]);
-        r->answer_loops[k] = (double)loops[k] / r->n_answers;
-        wilson_interval(loops[k], r->n_answers, &r->answer_loops_ci[k][0], &r->answer_loops_ci[k][1]);
+        r->answer_repeats[k] = (double)loops[k] / r->n_answers;
+        wilson_interval(loops[k], r->n_answers, &r->answer_repeats_ci[k][0], &r->answer_repeats_ci[k][1]);
     }
     r->nectar_ends_too = r->n_full_ends ? (double)both_end / r->n_full_ends : NAN;
     if (r->n_full_ends) wilson_interval(both_end, r->n_full_ends, &r->nectar_ends_too_ci[0], &r->nectar_ends_too_ci[1]);

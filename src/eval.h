@@ -31,10 +31,10 @@ typedef struct {
     /* whether answers end and whether they loop, for the full cache, Nectar
      * and no document (k = 0, 1, 2), each with its 95% Wilson interval: the
      * share of the answers that end with the model's stop token within the
-     * cap, and the share that repeat (answer_repeats, below); and of the
+     * cap, and the share that repeat (answer_in_loop, below); and of the
      * n_full_ends answers the full cache ends, the share Nectar ends too */
     double answer_ends[3], answer_ends_ci[3][2];
-    double answer_loops[3], answer_loops_ci[3][2];
+    double answer_repeats[3], answer_repeats_ci[3][2];
     int n_full_ends;
     double nectar_ends_too, nectar_ends_too_ci[2];
     int answer_cap;               /* Acap: the longest answer, the stride below */
@@ -85,7 +85,7 @@ double answer_prefix_fraction(const int *ref, int n_ref, const int *got, int n_g
 /* 1 if some run of REPEAT_GRAM tokens occurs REPEAT_TIMES times or more in
  * the n tokens (occurrences may overlap): an answer caught in a loop. */
 enum { REPEAT_GRAM = 4, REPEAT_TIMES = 3 };
-int answer_repeats(const int *tokens, int n);
+int answer_in_loop(const int *tokens, int n);
 void evalresult_free(EvalResult *r);
 
 /* Drift: how close Nectar stays to the full cache far from the document.

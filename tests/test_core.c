@@ -1363,13 +1363,13 @@ static void check_answer_split(const EvalResult *r, const AnswerCount *a, int sp
     int ends_ok = r->n_full_ends == a->full_ends, loops_ok = 1;
     for (int k = 0; k < 3; k++) {
         ends_ok &= r->answer_ends[k] == (double)a->ends[k] / a->n;
-        loops_ok &= r->answer_loops[k] == (double)a->loops[k] / a->n;
+        loops_ok &= r->answer_repeats[k] == (double)a->loops[k] / a->n;
     }
     ends_ok &= a->full_ends ? r->nectar_ends_too == (double)a->both_end / a->full_ends : isnan(r->nectar_ends_too);
     printf("    end with a stop: %d / %d / %d, Nectar where the full cache does %d of %d; loop: %d / %d / %d\n",
            a->ends[0], a->ends[1], a->ends[2], a->both_end, a->full_ends, a->loops[0], a->loops[1], a->loops[2]);
     check("answer_ends, nectar_ends_too: answers ending with a stop", ends_ok);
-    check("answer_loops: answers with a 4-gram 3 times", loops_ok);
+    check("answer_repeats: answers with a 4-gram 3 times", loops_ok);
     if (expect_oracle)
         check("oracle modules: every answer is the full cache's", r->answer_match == 1 && r->answer_prefix == 1);
     else if (!split)
@@ -1420,7 +1420,8 @@ static void check_split_alone(const Model *m, const DocCache *cache, const Modul
          !memcmp(a->target_mse_layer, got->target_mse_layer, L * sizeof(double)) &&
          a->n_answers == got->n_answers && a->answer_match == got->answer_match &&
          !memcmp(a->answer_ends, got->answer_ends, sizeof a->answer_ends) &&
-         !memcmp(a->answer_loops, got->answer_loops, sizeof a->answer_loops) && a->n_full_ends == got->n_full_ends &&
+         !memcmp(a->answer_repeats, got->answer_repeats, sizeof a->answer_repeats) &&
+         a->n_full_ends == got->n_full_ends &&
          a->answer_match_nodoc == got->answer_match_nodoc && a->answer_prefix == got->answer_prefix &&
          a->answer_cap == got->answer_cap &&
          !memcmp(a->answer_len, got->answer_len, 3 * got->n_answers * sizeof(int)) &&
@@ -1430,23 +1431,23 @@ static void check_split_alone(const Model *m, const DocCache *cache, const Modul
     if (ran) for (int j = 0; j < EVAL_SPLITS; j++) evalresult_free(&split[j]);
 }
 
-/* answer_repeats on answers made by hand: a 4-gram three times (apart,
+/* answer_in_loop on answers made by hand: a 4-gram three times (apart,
  * overlapping, at the end), twice only, and shorter runs. */
 static void test_answer_repeats_by_hand(void) {
-    printf("answer_repeats: a 4-gram three times or more\n");
+    printf("answer_in_loop: a 4-gram three times or more\n");
     int three[] = {1, 2, 3, 4, 9, 1, 2, 3, 4, 8, 1, 2, 3, 4};
     int overlapping[] = {7, 7, 7, 7, 7, 7};      /* 7 7 7 7 at 0, 1, 2 */
     int twice[] = {1, 2, 3, 4, 1, 2, 3, 4, 5};
     int five_short[] = {5, 5, 5, 5, 5};          /* 5 5 5 5 at 0 and 1 only */
     int three_grams[] = {1, 2, 3, 1, 2, 3, 1, 2, 3};  /* 1 2 3 1 at 0, 3: twice */
     int cycle[] = {1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3};  /* 1 2 3 1 at 0, 3, 6 */
-    check("a 4-gram three times apart: a loop", answer_repeats(three, 14) && naive_loops(three, 14));
-    check("six equal tokens (overlapping windows): a loop", answer_repeats(overlapping, 6));
-    check("a 4-gram twice: not a loop", !answer_repeats(twice, 9) && !naive_loops(twice, 9));
-    check("five equal tokens (two windows): not a loop", !answer_repeats(five_short, 5));
-    check("a 3-token cycle three times: not yet (4-grams twice)", !answer_repeats(three_grams, 9));
-    check("a 3-token cycle four times: a loop", answer_repeats(cycle, 12));
-    check("empty and short answers: no loop", !answer_repeats(three, 0) && !answer_repeats(three, 3));
+    check("a 4-gram three times apart: a loop", answer_in_loop(three, 14) && naive_loops(three, 14));
+    check("six equal tokens (overlapping windows): a loop", answer_in_loop(overlapping, 6));
+    check("a 4-gram twice: not a loop", !answer_in_loop(twice, 9) && !naive_loops(twice, 9));
+    check("five equal tokens (two windows): not a loop", !answer_in_loop(five_short, 5));
+    check("a 3-token cycle three times: not yet (4-grams twice)", !answer_in_loop(three_grams, 9));
+    check("a 3-token cycle four times: a loop", answer_in_loop(cycle, 12));
+    check("empty and short answers: no loop", !answer_in_loop(three, 0) && !answer_in_loop(three, 3));
 }
 
 /* A document (random tokens, or BOS alone: then the no-document model, whose
