@@ -619,7 +619,7 @@ static int run_qa(const Options *o, const Inputs *in, const Device *dv) {
 /* --compare: the same prompt and seed three ways; without a document the
  * prompt starts with BOS. */
 static int run_compare(const Options *o, const Inputs *in, const Device *dv, const Document *nectar) {
-    Document exact = {DOC_EXACT, in->n_doc, &dv->cache, NULL};
+    Document exact = {DOC_EXACT, in->n_doc, &dv->cache, NULL, NULL};
     struct { const char *name; const Document *doc; const int *prompt; int n; } runs[3] = {
         {"exact (document KV cache)", &exact, in->prompt, in->n_prompt},
         {"Nectar (module)", nectar, in->prompt, in->n_prompt},
@@ -669,8 +669,8 @@ static void print_storage(const Inputs *in) {
 /* The mode the options ask for, with the document as the device holds it. */
 static int run_mode(const Options *o, const Inputs *in, const Device *dv, double prefill_ms) {
     Document doc = NO_DOCUMENT;
-    if (in->has_modules) doc = (Document){DOC_NECTAR, in->modules.n_doc, NULL, dv->modules};
-    else if (dv->has_cache) doc = (Document){DOC_EXACT, in->n_doc, &dv->cache, NULL};
+    if (in->has_modules) doc = (Document){DOC_NECTAR, in->modules.n_doc, NULL, dv->modules, NULL};
+    else if (dv->has_cache) doc = (Document){DOC_EXACT, in->n_doc, &dv->cache, NULL, NULL};
     if (in->has_modules) print_storage(in);
     return o->qa_path ? run_qa(o, in, dv) : o->drift ? run_drift(o, in, dv) : o->eval ? run_eval(o, in, dv)
          : o->compare ? run_compare(o, in, dv, &doc) : run_generate(o, in, dv, &doc, prefill_ms);

@@ -333,9 +333,9 @@ void modulework_shape(ModuleWork *w, const ModuleSet *s, int max_q) {
     }
 }
 
-void modulework_alloc(ModuleWork *w, const ModuleSet *s, int max_q) {
-    modulework_shape(w, s, max_q);
-    size_t N = max_q, d = s->head_size, hidden = (size_t)w->n_hidden * N * w->max_width;
+/* The buffers of a shaped w, for queries of head size d. */
+static void modulework_alloc_shaped(ModuleWork *w, int d_head) {
+    size_t N = w->max_q, d = d_head, hidden = (size_t)w->n_hidden * N * w->max_width;
     w->x = xmalloc(N * d * sizeof(float));
     w->dx = xmalloc(N * d * sizeof(float));
     w->pre = xmalloc(hidden * sizeof(float));
@@ -343,6 +343,29 @@ void modulework_alloc(ModuleWork *w, const ModuleSet *s, int max_q) {
     w->dhid = xmalloc(hidden * sizeof(float));
     w->probs = xmalloc(N * w->max_pairs * sizeof(float));
     w->tmp = xmalloc(N * w->max_pairs * sizeof(float));
+}
+
+void modulework_alloc(ModuleWork *w, const ModuleSet *s, int max_q) {
+    modulework_shape(w, s, max_q);
+    modulework_alloc_shaped(w, s->head_size);
+}
+
+/* Scratch for the modules of every Nectar document of a composition: the
+ * largest of each count. */
+static void modulework_alloc_documents(ModuleWork *w, const Document *doc, int max_q) {
+    ModuleWork one;
+    int d = 0;
+    memset(w, 0, sizeof(*w));
+    w->max_q = max_q;
+    for (; doc; doc = doc->next) {
+        if (doc->mode != DOC_NECTAR) continue;
+        modulework_shape(&one, doc->modules, max_q);
+        if (one.max_width > w->max_width) w->max_width = one.max_width;
+        if (one.max_pairs > w->max_pairs) w->max_pairs = one.max_pairs;
+        if (one.n_hidden > w->n_hidden) w->n_hidden = one.n_hidden;
+        d = doc->modules->head_size;
+    }
+    modulework_alloc_shaped(w, d);
 }
 
 void modulework_free(ModuleWork *w) {
@@ -752,7 +775,19 @@ int check_tokens(const Model *m, const int *tokens, int n, const char *what) {
     return 0;
 }
 
-const Document NO_DOCUMENT = {DOC_EXACT, 0, NULL, NULL};
+const Document NO_DOCUMENT = {DOC_EXACT, 0, NULL, NULL, NULL};
+
+int document_length(const Document *doc) {
+    int n = 0;
+    for (; doc; doc = doc->next) n += doc->n;
+    return n;
+}
+
+int document_count(const Document *doc) {
+    int count = 0;
+    for (; doc; doc = doc->next) count++;
+    return count;
+}
 
 /* The table of every buffer: shapes as in nectar.h. */
 static int forward_buffers(RunState *s, const Config *c, RunBuffer *t) {
@@ -765,7 +800,7 @@ static int forward_buffers(RunState *s, const Config *c, RunBuffer *t) {
         {&s->x, B * D}, {&s->xb, B * D}, {&s->q, B * D}, {&s->k, B * KVD}, {&s->v, B * KVD},
         {&s->att, B * D}, {&s->doc_A, B * D}, {&s->doc_lse, B * H}, {&s->loc_A, B * D}, {&s->loc_lse, B * H},
         {&s->tile_A, B * D}, {&s->tile_lse, B * H},
-        {&s->rope, B * (D / H)}, {&s->x_mid, B * D}, {&s->xb2, B * D}, {&s->hb, B * F}, {&s->hb2, B * F}, {&s->hgate, B * F},
+        {&s->rope, B * (D / H)}, {&s->rope_doc, D / H}, {&s->x_mid, B * D}, {&s->xb2, B * D}, {&s->hb, B * F}, {&s->hb2, B * F}, {&s->hgate, B * F},
         {&s->scores, B * keys}, {&s->logits, B * c->vocab_size},
         {&s->key_cache, L * S * C * KVD}, {&s->value_cache, L * S * C * KVD},
         {&s->mq, M * B * D}, {&s->ma, M * B * H}, {&s->mA, M * B * D},
@@ -821,10 +856,12 @@ void runstate_alloc_seqs(RunState *s, const Model *m, const Document *doc, int m
     s->max_block = max_block;
     s->capacity = capacity;
     s->n_seqs = n_seqs;
-    s->max_doc = doc && doc->mode == DOC_EXACT && doc->cache ? doc->cache->n : 0;
-    s->with_modules = doc && doc->mode == DOC_NECTAR;
+    for (const Document *part = doc; part; part = part->next) {  /* the longest cache, and any modules */
+        if (part->mode == DOC_EXACT && part->cache && part->cache->n > s->max_doc) s->max_doc = part->cache->n;
+        if (part->mode == DOC_NECTAR) s->with_modules = 1;
+    }
     alloc_buffers(s, c, BUFFERS_FORWARD);
-    if (s->with_modules) modulework_alloc(&s->work, doc->modules, max_block * (c->n_heads / c->n_kv_heads));
+    if (s->with_modules) modulework_alloc_documents(&s->work, doc, max_block * (c->n_heads / c->n_kv_heads));
 }
 
 void runstate_enable_taps(RunState *s, const Model *m) { alloc_buffers(s, &m->config, BUFFERS_TAPS); }
@@ -986,22 +1023,36 @@ static void merge_chunks(const DocChunks *j, int chunks, float *A, float *lse) {
     }
 }
 
+/* The queries of KV group g's heads (ntok rows x group heads, (ntok group,
+ * d)) into q, for a document at offset P: rotated back by P positions. The
+ * heads of group g are adjacent: row t holds group * d floats at
+ * s->q + t D + g group d. */
+static void gather_queries(const Model *m, RunState *s, int g, int offset, int ntok, float *q) {
+    const Config *c = &m->config;
+    int d = c->dim / c->n_heads, group = c->n_heads / c->n_kv_heads;
+    copy_rows(q, group * d, s->q + g * group * d, c->dim, ntok, group * d);
+    if (offset > 0) {
+        rope_angles(s->rope_doc, 1, offset, d, c->rope_theta);
+        rope(q, ntok * group * d, d, s->rope_doc, -1.0f);
+    }
+}
+
 /* Exact: the document's state from its KV cache (no cache: the empty
- * state). As the Nectar path below, the queries of each KV head's group in
- * one batch, so its keys and values are read once; the keys in chunks on
- * the pool's threads, whose states merge exactly. */
-static void document_states_exact(const Model *m, RunState *s, const DocCache *cache, int l, int ntok) {
+ * state), into A (B, H, d) and lse (B, H). As the Nectar path below, the
+ * queries of each KV head's group in one batch, so its keys and values are
+ * read once; the keys in chunks on the pool's threads, whose states merge
+ * exactly. */
+static void document_states_exact(const Model *m, RunState *s, const DocCache *cache, int offset, int l, int ntok,
+                                  float *A, float *lse) {
     const Config *c = &m->config;
     int D = c->dim, H = c->n_heads, G = c->n_kv_heads, d = D / H, group = H / G;
     int n = cache ? cache->n : 0, rows = ntok * group;
     if (n == 0) {
-        memset(s->doc_A, 0, (size_t)ntok * D * sizeof(float));
-        for (int i = 0; i < ntok * H; i++) s->doc_lse[i] = -INFINITY;
+        memset(A, 0, (size_t)ntok * D * sizeof(float));
+        for (int i = 0; i < ntok * H; i++) lse[i] = -INFINITY;
         return;
     }
-    /* the heads of group g are adjacent: row t holds group * d floats at q + t D + g group d */
-    for (int g = 0; g < G; g++)
-        copy_rows(s->mq + (size_t)g * rows * d, group * d, s->q + g * group * d, D, ntok, group * d);
+    for (int g = 0; g < G; g++) gather_queries(m, s, g, offset, ntok, s->mq + (size_t)g * rows * d);
     int chunk = DOC_CHUNK_KEYS, chunks = (n + chunk - 1) / chunk;
     size_t layer = (size_t)l * G * n * d;
     DocChunks job = {s->mq, cache->key + layer, cache->value + layer, s->chunk_A, s->chunk_lse, s->scores,
@@ -1009,52 +1060,74 @@ static void document_states_exact(const Model *m, RunState *s, const DocCache *c
     parallel_for(chunks, doc_chunk_task, &job);
     merge_chunks(&job, chunks, s->mA, s->ma);
     for (int g = 0; g < G; g++) {
-        copy_rows(s->doc_A + g * group * d, D, s->mA + (size_t)g * rows * d, group * d, ntok, group * d);
-        copy_rows(s->doc_lse + g * group, H, s->ma + (size_t)g * rows, group, ntok, group);
+        copy_rows(A + g * group * d, D, s->mA + (size_t)g * rows * d, group * d, ntok, group * d);
+        copy_rows(lse + g * group, H, s->ma + (size_t)g * rows, group, ntok, group);
     }
 }
 
 /* Nectar: the document's state from the module of each KV head, all the
- * queries of its heads (ntok rows x group heads) in one batch. */
-static void document_states_nectar(const Model *m, RunState *s, const ModuleSet *ms, int l, int ntok) {
+ * queries of its heads (ntok rows x group heads) in one batch, into A
+ * (B, H, d) and lse (B, H). */
+static void document_states_nectar(const Model *m, RunState *s, const ModuleSet *ms, int offset, int l, int ntok,
+                                   float *A, float *lse) {
     const Config *c = &m->config;
     int d = c->dim / c->n_heads, group = c->n_heads / c->n_kv_heads;
     for (int g = 0; g < c->n_kv_heads; g++) {
-        /* the heads of group g are adjacent: row t holds group * d floats at q + t D + g group d */
-        copy_rows(s->mq, group * d, s->q + g * group * d, c->dim, ntok, group * d);
+        gather_queries(m, s, g, offset, ntok, s->mq);
         module_forward(ms, &ms->modules[l * c->n_kv_heads + g], &s->work, s->mq, ntok * group, s->ma, s->mA);
-        copy_rows(s->doc_A + g * group * d, c->dim, s->mA, group * d, ntok, group * d);
-        copy_rows(s->doc_lse + g * group, c->n_heads, s->ma, group, ntok, group);
+        copy_rows(A + g * group * d, c->dim, s->mA, group * d, ntok, group * d);
+        copy_rows(lse + g * group, c->n_heads, s->ma, group, ntok, group);
     }
 }
 
-/* Merges document and local state of every (row, head) into s->att; the
- * merged lse is not needed downstream (only A feeds the output projection). */
-static void merge_rows(const Model *m, RunState *s, int ntok) {
+/* state (A, lse) = merge(state 1, state 2) for every (row, head) of a
+ * block of ntok rows: A (B, H, d), lse (B, H); A may alias A1 or A2. */
+static void merge_rows_into(const Model *m, int ntok, const float *A1, const float *lse1, const float *A2,
+                            const float *lse2, float *A, float *lse) {
     const Config *c = &m->config;
     int d = c->dim / c->n_heads;
     for (int t = 0; t < ntok; t++)
         for (int h = 0; h < c->n_heads; h++) {
             size_t row = (size_t)t * c->dim + h * d, head = (size_t)t * c->n_heads + h;
-            float lse;
-            merge_states(d, s->doc_A + row, s->doc_lse[head], s->loc_A + row, s->loc_lse[head],
-                         s->att + row, &lse);
+            merge_states(d, A1 + row, lse1[head], A2 + row, lse2[head], A + row, &lse[head]);
         }
 }
 
+/* Merges document and local state of every (row, head) into s->att; the
+ * merged lse is not needed downstream (only A feeds the output projection:
+ * it lands in tile_lse, free by then). */
+static void merge_rows(const Model *m, RunState *s, int ntok) {
+    merge_rows_into(m, ntok, s->doc_A, s->doc_lse, s->loc_A, s->loc_lse, s->att, s->tile_lse);
+}
+
+/* A composition's later documents (doc->next on), each read from its own
+ * KV cache or modules at its offset, merged one by one into the first
+ * document's state s->doc_A, s->doc_lse (tile_A, tile_lse hold each one's
+ * state: the local state's scratch, free until local_states). */
+static void compose_documents(const Model *m, RunState *s, const Document *doc, int l, int ntok) {
+    for (int offset = doc->n; (doc = doc->next) != NULL; offset += doc->n) {
+        if (doc->mode == DOC_NECTAR)
+            document_states_nectar(m, s, doc->modules, offset, l, ntok, s->tile_A, s->tile_lse);
+        else document_states_exact(m, s, doc->cache, offset, l, ntok, s->tile_A, s->tile_lse);
+        merge_rows_into(m, ntok, s->doc_A, s->doc_lse, s->tile_A, s->tile_lse, s->doc_A, s->doc_lse);
+    }
+}
+
 /* The two attention paths, side by side: they differ in one line only,
- * where the document's state (A, lse) comes from. Their backward twins
- * below differ in the same line. */
+ * where the (first) document's state (A, lse) comes from. Their backward
+ * twins below differ in the same line. */
 static void attention_exact(const Model *m, RunState *s, const Document *doc, int l, const Segment *seg,
                             int n_segs, int ntok) {
-    document_states_exact(m, s, doc->cache, l, ntok);     /* the document's KV cache */
+    document_states_exact(m, s, doc->cache, 0, l, ntok, s->doc_A, s->doc_lse);     /* the document's KV cache */
+    compose_documents(m, s, doc, l, ntok);
     local_states(m, s, l, seg, n_segs);
     merge_rows(m, s, ntok);
 }
 
 static void attention_nectar(const Model *m, RunState *s, const Document *doc, int l, const Segment *seg,
                              int n_segs, int ntok) {
-    document_states_nectar(m, s, doc->modules, l, ntok);  /* the document's modules */
+    document_states_nectar(m, s, doc->modules, 0, l, ntok, s->doc_A, s->doc_lse);  /* the document's modules */
+    compose_documents(m, s, doc, l, ntok);
     local_states(m, s, l, seg, n_segs);
     merge_rows(m, s, ntok);
 }
@@ -1115,9 +1188,21 @@ static void layer_forward(const Model *m, RunState *s, const Document *doc, int 
     matmul(ntok, F, D, s->hgate, w->w2 + (size_t)l * D * F, 1.0f, s->x);
 }
 
-/* The document's checks of forward_check: its length is its cache's or
- * modules', and the run state was sized for it. */
-static int document_check(const RunState *s, const Document *doc) {
+/* One document of document_check. */
+static int one_document_check(const RunState *s, const Document *doc) {
+    if (doc->mode == DOC_NECTAR && !s->with_modules) {
+        fprintf(stderr, "error: the run state was sized for no modules, but a document is read by its modules\n");
+        return -1;
+    }
+    if (doc->mode == DOC_NECTAR) {
+        ModuleWork need;
+        modulework_shape(&need, doc->modules, s->work.max_q);
+        if (need.max_width > s->work.max_width || need.max_pairs > s->work.max_pairs ||
+            need.n_hidden > s->work.n_hidden) {
+            fprintf(stderr, "error: the run state was sized for smaller modules than a document's\n");
+            return -1;
+        }
+    }
     int doc_n = doc->mode == DOC_NECTAR ? doc->modules->n_doc : doc->cache ? doc->cache->n : 0;
     if (doc->n != doc_n) {
         fprintf(stderr, "error: the document is %d tokens, but its %s stands for %d\n", doc->n,
@@ -1129,6 +1214,18 @@ static int document_check(const RunState *s, const Document *doc) {
                 s->max_doc, doc->cache->n);
         return -1;
     }
+    return 0;
+}
+
+/* The document's checks of forward_check: each document's length is its
+ * cache's or modules', and the run state was sized for it. */
+static int document_check(const RunState *s, const Document *doc) {
+    if (document_count(doc) > MAX_DOCUMENTS) {
+        fprintf(stderr, "error: a composition of more than %d documents\n", MAX_DOCUMENTS);
+        return -1;
+    }
+    for (; doc; doc = doc->next)
+        if (one_document_check(s, doc) != 0) return -1;
     return 0;
 }
 
@@ -1172,8 +1269,8 @@ static void run_layers(const Model *m, RunState *s, const Document *doc, const S
     for (int k = 0, r = 0; k < n_segs; r += seg[k].ntok, k++) {
         for (int t = 0; t < seg[k].ntok; t++)
             memcpy(s->x + (size_t)(r + t) * D, m->w.token_embedding + (size_t)seg[k].tokens[t] * D, D * sizeof(float));
-        /* local tokens follow the document: positions doc->n + pos + t */
-        rope_angles(s->rope + (size_t)r * d, seg[k].ntok, doc->n + seg[k].pos, d, c->rope_theta);
+        /* local tokens follow the documents: positions n + pos + t, n their lengths added up */
+        rope_angles(s->rope + (size_t)r * d, seg[k].ntok, document_length(doc) + seg[k].pos, d, c->rope_theta);
     }
     for (int l = 0; l < c->n_layers; l++) {
         float *saved = s->back.saved_x;  /* kept for backward: layer l's input */
@@ -1419,6 +1516,10 @@ int backward(const Model *m, RunState *s, const Document *doc, const int *tokens
     const Config *c = &m->config;
     BackwardBuffers *b = &s->back;
     int D = c->dim, V = c->vocab_size, L = c->n_layers;
+    if (doc->next) {
+        fprintf(stderr, "error: backward takes one document, not a composition\n");
+        return -1;
+    }
     if (!b->saved_x || ntok != s->block_ntok || s->block_pos != 0) {
         fprintf(stderr, "error: backward needs a run state with backward enabled and the block just run from position 0\n");
         return -1;

@@ -336,17 +336,32 @@ enum { DOC_CHUNK_KEYS = 256 };
  * its modules (Nectar). */
 typedef enum { DOC_EXACT = 1, DOC_NECTAR = 2 } DocMode;
 
-typedef struct {
+typedef struct Document {
     DocMode mode;
-    int n;                       /* document length (cache->n or modules->n_doc):
-                                    local tokens sit at positions n, n+1, ... */
+    int n;                       /* document length (cache->n or modules->n_doc) */
     const DocCache *cache;       /* DOC_EXACT */
     const ModuleSet *modules;    /* DOC_NECTAR */
+    const struct Document *next; /* a composition: the next document, at the positions after this one's,
+                                    exact or Nectar on its own; NULL: the last (or only) one */
 } Document;
 
 /* No document: the exact path with no cache, whose state is the empty
  * state (0, -inf); the local tokens start at position 0. */
 extern const Document NO_DOCUMENT;
+
+/* A composition of documents d_1 .. d_m (doc, doc->next, ...): d_i sits at
+ * positions P_i = n_1 + ... + n_(i-1) onwards, the local tokens after all
+ * of them. Each document's KV cache is prefilled on its own (or its modules
+ * fitted) at positions 0 .. n_i - 1, so a query at position t reads d_i
+ * rotated back by P_i (RoPE is relative: q(t - P_i) . k(j) = q(t) . k(P_i + j)).
+ * The documents' states and the local state merge by log-sum-exp, in any
+ * order. The forward pass runs compositions on the CPU; backward and the
+ * GPU take one document. */
+enum { MAX_DOCUMENTS = 8 };
+/* The tokens before the local ones: the documents' lengths added up. */
+int document_length(const Document *doc);
+/* The documents of a composition (1 for one document or none). */
+int document_count(const Document *doc);
 
 /* What the teacher pass records (runstate_enable_taps): every layer's
  * queries and document states. */
@@ -375,7 +390,7 @@ typedef struct {
 typedef struct {
     int max_block, capacity, max_doc;  /* B, local tokens cached per sequence, n */
     int n_seqs;                        /* S: sequences with a local cache of their own */
-    int with_modules;                  /* sized for a document's modules (DOC_NECTAR) */
+    int with_modules;                  /* sized for documents' modules (DOC_NECTAR) */
     float *x;       /* (B, D) residual stream */
     float *xb;      /* (B, D) rmsnorm(x) before attention (and before the classifier) */
     float *q;       /* (B, D) queries of every head, rotated */
@@ -389,6 +404,7 @@ typedef struct {
     float *tile_A;  /* (B, H, d) the local state of one tile of keys, merged into loc_A */
     float *tile_lse;/* (B, H) */
     float *rope;    /* (B, d) cos and sin of each row's RoPE angles, the pair (cos, sin) of pair i at 2 (i / 2) */
+    float *rope_doc;/* (d) the same for one offset: a later document's, to rotate queries back by */
     float *x_mid;   /* (B, D) residual after attention */
     float *xb2;     /* (B, D) rmsnorm(x_mid) */
     float *hb;      /* (B, F) W1 xb2 */

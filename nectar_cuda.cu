@@ -1044,6 +1044,10 @@ int forward_cuda(const Model *m, RunStateCuda *rs, const Document *doc, const in
     RunState *s = &rs->s;
     const Config *c = &m->config;
     int D = c->dim, V = c->vocab_size;
+    if (doc->next) {
+        fprintf(stderr, "error: the GPU runs one document; a composition of documents runs on the CPU\n");
+        return -1;
+    }
     if (forward_check(m, s, doc, tokens, ntok, pos) != 0) return -1;
     s->block_pos = pos;
     s->block_ntok = ntok;

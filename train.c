@@ -442,7 +442,7 @@ static int load_inputs(Options *o, Inputs *in) {
         return -1;
     }
     if (doccache_build(&in->cache, &in->model, in->doc_ids, in->n_doc, 256) != 0) return -1;
-    in->doc = (Document){DOC_EXACT, in->n_doc, &in->cache, NULL};
+    in->doc = (Document){DOC_EXACT, in->n_doc, &in->cache, NULL, NULL};
     return 0;
 }
 
@@ -992,7 +992,7 @@ static void cpu_start(Fit *f) {
     int max_len = promptset_max_len(f->prompts);
     modulework_alloc(&f->work, f->ms, f->o->batch * (c->n_heads / c->n_kv_heads));
     fitbatch_alloc(&f->batch, f->ms, c->n_heads, f->o->batch);
-    f->student_doc = (Document){DOC_NECTAR, f->ms->n_doc, NULL, f->ms};
+    f->student_doc = (Document){DOC_NECTAR, f->ms->n_doc, NULL, f->ms, NULL};
     if (uses_kl(f->o)) {
         runstate_alloc(&f->student, f->model, &f->student_doc, max_len, max_len);
         runstate_enable_backward(&f->student, f->model);
@@ -1050,7 +1050,7 @@ static void gpu_start(Fit *f) {
     modulework_alloc_cuda(&g->work, f->ms, B * c->n_heads);  /* a layer's G modules, B H / G queries each */
     fitbatch_alloc_cuda(&g->batch, f->ms, c->n_heads, B);
     model_upload_cuda(&g->model, f->model);
-    g->student_doc = (Document){DOC_NECTAR, f->ms->n_doc, NULL, &g->ms};
+    g->student_doc = (Document){DOC_NECTAR, f->ms->n_doc, NULL, &g->ms, NULL};
     if (uses_kl(f->o)) {
         runstate_alloc_cuda(&g->student, &g->model, &g->student_doc, max_len, max_len);
         runstate_enable_backward_cuda(&g->student, &g->model);

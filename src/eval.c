@@ -121,8 +121,8 @@ static void evaluation_start(Evaluation *e, const Model *m, const DocCache *doc,
     const Config *c = &m->config;
     int L = c->n_layers, H = c->n_heads, d = c->dim / H, group = H / c->n_kv_heads, V = c->vocab_size;
     memset(e, 0, sizeof(*e));
-    e->full = (Document){DOC_EXACT, doc->n, doc, NULL};
-    e->nectar = (Document){DOC_NECTAR, ms->n_doc, NULL, ms};
+    e->full = (Document){DOC_EXACT, doc->n, doc, NULL, NULL};
+    e->nectar = (Document){DOC_NECTAR, ms->n_doc, NULL, ms, NULL};
     e->max_len = max_len;
     runstate_alloc(&e->sf, m, &e->full, max_len, max_len);
     runstate_enable_taps(&e->sf, m);
@@ -589,7 +589,7 @@ static int answer_rollouts(const Model *m, const DocCache *doc, const ModuleSet 
                 prompts->question_len[i];
         r->answer_prompt[a++] = i;
     }
-    Document runs[3] = {{DOC_EXACT, doc->n, doc, NULL}, {DOC_NECTAR, ms->n_doc, NULL, ms}, NO_DOCUMENT};
+    Document runs[3] = {{DOC_EXACT, doc->n, doc, NULL, NULL}, {DOC_NECTAR, ms->n_doc, NULL, ms, NULL}, NO_DOCUMENT};
     int batches = (r->n_answers + ROLLOUT_BATCH - 1) / ROLLOUT_BATCH;
     EvalProgress progress = eval_progress_start("evaluation: answer batches (full cache, Nectar, no document)",
                                                 3 * batches);
@@ -649,7 +649,7 @@ static int drift_bin(int t) {
  * of `length` tokens (no stop) after them, into seqs (n, stride). */
 static int drift_continuations(const Model *m, const DocCache *doc, const PromptSet *p, const int *chosen, int n,
                                int max_question, int length, int *seqs, int stride) {
-    Document full = {DOC_EXACT, doc->n, doc, NULL};
+    Document full = {DOC_EXACT, doc->n, doc, NULL, NULL};
     RunState s;
     int block = max_question > ROLLOUT_BATCH ? max_question : ROLLOUT_BATCH, rc = 0;
     runstate_alloc_seqs(&s, m, &full, block, stride, ROLLOUT_BATCH);

@@ -223,7 +223,7 @@ int qa_evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const 
     r->choice = xmalloc((size_t)QA_RUNS * q->n * sizeof(int));
     r->sum = xmalloc((size_t)QA_RUNS * r->n_options * sizeof(double));
     r->mean = xmalloc((size_t)QA_RUNS * r->n_options * sizeof(double));
-    Document full = {DOC_EXACT, doc->n, doc, NULL}, nectar = {DOC_NECTAR, ms ? ms->n_doc : 0, NULL, ms};
+    Document full = {DOC_EXACT, doc->n, doc, NULL, NULL}, nectar = {DOC_NECTAR, ms ? ms->n_doc : 0, NULL, ms, NULL};
     const Document *runs[QA_RUNS] = {&full, &nectar, NULL};  /* NULL: no document */
     static const char *const names[QA_RUNS] = {"questions, full cache", "questions, Nectar",
                                                "questions, no document"};

@@ -108,7 +108,7 @@ static void test_oracle_identity(Config c, int n_doc, int n_prompt, int decode, 
     if (moduleset_alloc(&ms, ARCH_QUAD, c.n_layers, c.n_kv_heads, d, 0, 0, 0, pairs, 0) != 0) exit(1);
     ms.n_doc = n_doc;
     quad_init_from_cache(&ms, &cache);
-    Document exact = {DOC_EXACT, n_doc, &cache, NULL}, nectar = {DOC_NECTAR, n_doc, NULL, &ms};
+    Document exact = {DOC_EXACT, n_doc, &cache, NULL, NULL}, nectar = {DOC_NECTAR, n_doc, NULL, &ms, NULL};
     float *want = run_logits(&m, &exact, tokens, n_prompt, decode);
     float *got = run_logits(&m, &nectar, tokens, n_prompt, decode);
     char what[96];

@@ -357,7 +357,7 @@ static void test_exact_state_modules_reproduce_full_cache(void) {
     quad_init_from_cache(&oracle, &cache);
     oracle.n_doc = NDOC;
 
-    Document docs[2] = {{DOC_EXACT, NDOC, &cache, NULL}, {DOC_NECTAR, NDOC, NULL, &oracle}};
+    Document docs[2] = {{DOC_EXACT, NDOC, &cache, NULL, NULL}, {DOC_NECTAR, NDOC, NULL, &oracle, NULL}};
     const char *names[2] = {"exact (doc cache + local, merged)", "Nectar with oracle modules"};
     for (int which = 0; which < 2; which++) {
         RunState s;
@@ -404,6 +404,144 @@ static void test_exact_state_modules_reproduce_full_cache(void) {
     doccache_free(&cache);
     runstate_free(&ref);
     free(ref_logits);
+    model_free(&m);
+}
+
+/* A composition of documents prefilled apart, against one document made
+ * by hand from their caches: document i's keys rotated forward by its
+ * offset P_i (the test's own RoPE, in doubles) and laid after the ones
+ * before it. Exact, Nectar with oracle modules (W = K, Z = V) and mixed
+ * compositions of 1, 2 and 3 documents must all give its logits, through
+ * a prefill and greedy decode steps; without the rotation they must not. */
+static void joined_cache(const Model *m, DocCache *const caches[], int count, int rotate, DocCache *out) {
+    const Config *c = &m->config;
+    int L = c->n_layers, G = c->n_kv_heads, d = c->dim / c->n_heads, n = 0;
+    for (int i = 0; i < count; i++) n += caches[i]->n;
+    *out = (DocCache){n, L, G * d, xmalloc((size_t)L * G * n * d * sizeof(float)),
+                      xmalloc((size_t)L * G * n * d * sizeof(float)), 0};
+    for (int l = 0; l < L; l++)
+        for (int g = 0; g < G; g++)
+            for (int i = 0, P = 0; i < count; P += caches[i]->n, i++)
+                for (int j = 0; j < caches[i]->n; j++) {
+                    size_t from = (((size_t)l * G + g) * caches[i]->n + j) * d, to = (((size_t)l * G + g) * n + P + j) * d;
+                    const float *k = caches[i]->key + from;
+                    for (int e = 0; e < d; e += 2) {  /* pair e turned by P theta^(-e/d) more */
+                        double angle = rotate ? P * pow(c->rope_theta, -(double)e / d) : 0;
+                        out->key[to + e] = (float)(k[e] * cos(angle) - k[e + 1] * sin(angle));
+                        out->key[to + e + 1] = (float)(k[e] * sin(angle) + k[e + 1] * cos(angle));
+                    }
+                    memcpy(out->value + to, caches[i]->value + from, d * sizeof(float));
+                }
+}
+
+/* Logits of the prompt's last row and of `steps` greedy steps after it
+ * (the tokens fed are `feed`, so every run sees the same ones). */
+static void prefill_and_decode(const Model *m, const Document *doc, const int *prompt, int np, const int *feed,
+                               int steps, float *logits) {
+    int V = m->config.vocab_size;
+    RunState s;
+    runstate_alloc(&s, m, doc, np, np + steps);
+    forward(m, &s, doc, prompt, np, 0, LOGITS_LAST);
+    memcpy(logits, s.logits + (size_t)(np - 1) * V, V * sizeof(float));
+    for (int t = 0; t < steps; t++) {
+        forward(m, &s, doc, &feed[t], 1, np + t, LOGITS_LAST);
+        memcpy(logits + (size_t)(t + 1) * V, s.logits, V * sizeof(float));
+    }
+    runstate_free(&s);
+}
+
+static void test_composition_equals_documents_at_offsets(void) {
+    printf("composition: documents prefilled apart, read at their offsets (exact, oracle Nectar, mixed)\n");
+    Model m;
+    model_init_random(&m, small_gqa, 1, 42, 0.15f);
+    const Config *c = &m.config;
+    enum { NP = 7, STEPS = 12 };
+    int lens[3] = {23, 17, 37}, V = c->vocab_size, d = c->dim / c->n_heads;
+    uint64_t rng = 11;
+    DocCache caches[3];
+    ModuleSet oracles[3];
+    DocCache *cache_ptrs[3] = {&caches[0], &caches[1], &caches[2]};
+    for (int i = 0; i < 3; i++) {
+        int ids[37], p[3] = {lens[i], lens[i], lens[i]};
+        for (int j = 0; j < lens[i]; j++) ids[j] = 3 + rng_u32(&rng) % (V - 3);
+        doccache_build(&caches[i], &m, ids, lens[i], 8);
+        moduleset_alloc(&oracles[i], ARCH_QUAD, c->n_layers, c->n_kv_heads, d, 0, 0, 0, p, 0);
+        quad_init_from_cache(&oracles[i], &caches[i]);
+        oracles[i].n_doc = lens[i];
+    }
+    int prompt[NP], feed[STEPS];
+    for (int j = 0; j < NP; j++) prompt[j] = 3 + rng_u32(&rng) % (V - 3);
+    for (int j = 0; j < STEPS; j++) feed[j] = 3 + rng_u32(&rng) % (V - 3);
+    size_t nl = (size_t)(STEPS + 1) * V;
+    float *ref = xmalloc(nl * sizeof(float)), *got = xmalloc(nl * sizeof(float)), *unrotated = xmalloc(nl * sizeof(float));
+    for (int count = 1; count <= 3; count++) {
+        DocCache joined, flat;
+        joined_cache(&m, cache_ptrs, count, 1, &joined);
+        Document one = {DOC_EXACT, joined.n, &joined, NULL, NULL};
+        prefill_and_decode(&m, &one, prompt, NP, feed, STEPS, ref);
+        /* mode 0 exact, 1 Nectar, 2 mixed (Nectar where i is odd) */
+        for (int mode = 0; mode < 3 && (mode < 2 || count > 1); mode++) {
+            Document docs[3];
+            for (int i = count - 1; i >= 0; i--) {
+                int nectar = mode == 1 || (mode == 2 && i % 2 == 1);
+                docs[i] = nectar ? (Document){DOC_NECTAR, lens[i], NULL, &oracles[i], NULL}
+                                 : (Document){DOC_EXACT, lens[i], &caches[i], NULL, NULL};
+                docs[i].next = i + 1 < count ? &docs[i + 1] : NULL;
+            }
+            prefill_and_decode(&m, &docs[0], prompt, NP, feed, STEPS, got);
+            char what[128];
+            snprintf(what, sizeof what, "%d document%s, %s: logits, prefill + %d steps", count, count > 1 ? "s" : "",
+                     mode == 0 ? "exact" : mode == 1 ? "oracle Nectar" : "mixed", STEPS);
+            check_close_f(what, got, ref, nl, 1e-4, 0);
+            if (count > 1 && mode == 0) {  /* the test can fail: the offsets matter */
+                joined_cache(&m, cache_ptrs, count, 0, &flat);
+                Document plain = {DOC_EXACT, flat.n, &flat, NULL, NULL};
+                prefill_and_decode(&m, &plain, prompt, NP, feed, STEPS, unrotated);
+                double diff = 0;
+                for (size_t j = 0; j < nl; j++) diff = fmax(diff, fabs(unrotated[j] - got[j]));
+                printf("    without the rotation by the offsets the logits differ by up to %.3f\n", diff);
+                check("the offsets matter (unrotated keys differ > 0.05)", diff > 0.05);
+                doccache_free(&flat);
+            }
+        }
+        doccache_free(&joined);
+    }
+
+    /* the states of three key sets and the local one merge in any order */
+    enum { NQ = 3, D = 16, NK = 10 };
+    float q[NQ * D], k[4][NK * D], v[4][NK * D], A[4][NQ * D], lse[4][NQ], scores[NQ * NK * 4];
+    fill_normal(q, NQ * D, 1.5f, &rng);
+    for (int i = 0; i < 4; i++) {
+        fill_normal(k[i], NK * D, 1.5f, &rng);
+        fill_normal(v[i], NK * D, 1.0f, &rng);
+        attention_states(NQ, NK, D, q, D, k[i], v[i], D, NK, A[i], D, lse[i], 1, scores);
+    }
+    int orders[3][4] = {{0, 1, 2, 3}, {3, 2, 1, 0}, {2, 0, 3, 1}};
+    double refA[NQ * D], reflse[NQ];
+    float allk[4 * NK * D], allv[4 * NK * D];
+    for (int i = 0; i < 4; i++) {
+        memcpy(allk + i * NK * D, k[i], sizeof k[i]);
+        memcpy(allv + i * NK * D, v[i], sizeof v[i]);
+    }
+    for (int r = 0; r < NQ; r++) naive_state(4 * NK, D, q + r * D, allk, allv, D, refA + r * D, &reflse[r]);
+    for (int o = 0; o < 3; o++) {
+        float mA[NQ * D], mlse[NQ];
+        for (int r = 0; r < NQ; r++) {
+            memcpy(mA + r * D, A[orders[o][0]] + r * D, D * sizeof(float));
+            mlse[r] = lse[orders[o][0]][r];
+            for (int i = 1; i < 4; i++)
+                merge_states(D, mA + r * D, mlse[r], A[orders[o][i]] + r * D, lse[orders[o][i]][r], mA + r * D, &mlse[r]);
+        }
+        char what[96];
+        snprintf(what, sizeof what, "four states merged in order %d%d%d%d: A", orders[o][0], orders[o][1],
+                 orders[o][2], orders[o][3]);
+        check_close(what, mA, refA, NQ * D, 1e-5, 1e-4);
+        snprintf(what, sizeof what, "four states merged in order %d%d%d%d: lse", orders[o][0], orders[o][1],
+                 orders[o][2], orders[o][3]);
+        check_close(what, mlse, reflse, NQ, 1e-5, 1e-5);
+    }
+    for (int i = 0; i < 3; i++) { doccache_free(&caches[i]); moduleset_free(&oracles[i]); }
+    free(ref); free(got); free(unrotated);
     model_free(&m);
 }
 
@@ -458,7 +596,7 @@ static void test_chunked_document_equals_one_sequence(void) {
     forward(&m, &ref, &NO_DOCUMENT, all, N, 0, LOGITS_ALL);
     DocCache cache;
     doccache_build(&cache, &m, all, NDOC, 256);
-    Document doc = {DOC_EXACT, NDOC, &cache, NULL};
+    Document doc = {DOC_EXACT, NDOC, &cache, NULL, NULL};
     for (int threads = 1; threads <= 3; threads++) {
         parallel_set_threads(threads);
         RunState s;
@@ -528,7 +666,7 @@ static void test_segments_equal_sequences_alone(void) {
     mlp_init(&ms, 3, NULL, NULL);
     for (size_t i = 0; i < ms.n_params; i++) ms.params[i] += 0.05f * rng_normal(&rng);  /* nonzero outputs */
     ms.n_doc = NDOC;
-    Document docs[2] = {{DOC_EXACT, NDOC, &cache, NULL}, {DOC_NECTAR, NDOC, NULL, &ms}};
+    Document docs[2] = {{DOC_EXACT, NDOC, &cache, NULL, NULL}, {DOC_NECTAR, NDOC, NULL, &ms, NULL}};
     for (int which = 0; which < 2; which++) {
         const Document *doc = &docs[which];
         RunState together, alone;
@@ -792,7 +930,7 @@ static void test_kl_gradient_matches_finite_differences(void) {
     for (int i = 0; i < NP; i++) prompt[i] = 3 + rng_u32(&rng) % (V - 3);
     DocCache cache;
     doccache_build(&cache, &m, doc_ids, NDOC, 8);
-    Document full = {DOC_EXACT, NDOC, &cache, NULL};
+    Document full = {DOC_EXACT, NDOC, &cache, NULL, NULL};
     RunState ts;
     runstate_alloc(&ts, &m, &full, NP, NP);
     forward(&m, &ts, &full, prompt, NP, 0, LOGITS_ALL);
@@ -805,7 +943,7 @@ static void test_kl_gradient_matches_finite_differences(void) {
     moduleset_alloc(&oracle, ARCH_QUAD, L, G, d, 0, 0, 0, p, 0);
     quad_init_from_cache(&oracle, &cache);
     oracle.n_doc = NDOC;
-    Document od = {DOC_NECTAR, NDOC, NULL, &oracle};
+    Document od = {DOC_NECTAR, NDOC, NULL, &oracle, NULL};
     RunState os;
     runstate_alloc(&os, &m, &od, NP, NP);
     double kl0 = student_kl(&m, &os, &od, prompt, NP, teacher, NULL);
@@ -822,7 +960,7 @@ static void test_kl_gradient_matches_finite_differences(void) {
         if (arch == ARCH_MLP) fill_normal(ms.params, ms.n_params, 0.3f, &rng);
         else quad_init_from_cache(&ms, &cache);
         ms.n_doc = NDOC;
-        Document nd = {DOC_NECTAR, NDOC, NULL, &ms};
+        Document nd = {DOC_NECTAR, NDOC, NULL, &ms, NULL};
         RunState s;
         runstate_alloc(&s, &m, &nd, NP, NP);
         runstate_enable_backward(&s, &m);
@@ -1138,7 +1276,7 @@ static void test_evaluate_metrics_match_definitions(void) {
     for (int i = 0; i < NDOC; i++) doc_ids[i] = 3 + rng_u32(&rng) % (V - 3);
     DocCache cache;
     doccache_build(&cache, &m, doc_ids, NDOC, 8);
-    Document full = {DOC_EXACT, NDOC, &cache, NULL};
+    Document full = {DOC_EXACT, NDOC, &cache, NULL, NULL};
     RunState sf;
     runstate_alloc(&sf, &m, &full, MAXLEN, MAXLEN);
     runstate_enable_taps(&sf, &m);
@@ -1170,7 +1308,7 @@ static void test_evaluate_metrics_match_definitions(void) {
     const EvalResult r = split[EVAL_RANDOM];
 
     /* the same quantities from forward passes of our own */
-    Document nectar = {DOC_NECTAR, NDOC, NULL, &ms};
+    Document nectar = {DOC_NECTAR, NDOC, NULL, &ms, NULL};
     RunState sn;
     runstate_alloc(&sn, &m, &nectar, MAXLEN, MAXLEN);
     double kl = 0, kl_reverse = 0, hits_full = 0, hits_nectar = 0, agree = 0, positions = 0, target_mse = 0;
@@ -1472,7 +1610,7 @@ static void test_answer_metrics_match_definitions(const char *name, int n_doc, f
     for (int i = 0; i < NPROMPTS; i++) question_len[i] = i == 2 ? 0 : 2 + i % 5;  /* prompt 2: a span, no answer */
     DocCache cache;
     doccache_build(&cache, &m, doc_ids, n_doc, 8);
-    Document full = {DOC_EXACT, n_doc, &cache, NULL};
+    Document full = {DOC_EXACT, n_doc, &cache, NULL, NULL};
     /* the stop: the third token of the full cache's answer to prompt 0, so that some answers stop early */
     int answer[CAP];
     naive_answer(&m, &full, tokens, question_len[0], (int[2]){-1, -1}, CAP, answer);
@@ -1489,7 +1627,7 @@ static void test_answer_metrics_match_definitions(const char *name, int n_doc, f
             float u = error_std * rng_normal(&rng);  /* one offset per (layer, KV head) and dimension */
             for (int j = 0; j < n_doc; j++) ms.modules[i].params[(size_t)(n_doc + j) * d + k] += u;
         }
-    Document runs[3] = {full, {DOC_NECTAR, n_doc, NULL, &ms}, NO_DOCUMENT};
+    Document runs[3] = {full, {DOC_NECTAR, n_doc, NULL, &ms, NULL}, NO_DOCUMENT};
     EvalResult r[EVAL_SPLITS];
     check("evaluate runs", evaluate(&m, &cache, &ms, &prompts, r) == 0);
     for (int split = 0; split < EVAL_SPLITS; split++) {
@@ -1620,6 +1758,7 @@ int main(void) {
     test_module_gradients_match_finite_differences(ARCH_QUAD, 0, 0, 0, 11);
     test_width_is_largest_within_budget();
     test_exact_state_modules_reproduce_full_cache();
+    test_composition_equals_documents_at_offsets();
     test_prefill_equals_decode();
     test_segments_equal_sequences_alone();
     test_parallel_for_runs_every_task_once();

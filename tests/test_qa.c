@@ -142,7 +142,7 @@ static void test_scores_against_naive(void) {
     moduleset_alloc(&ms, ARCH_QUAD, m.config.n_layers, m.config.n_kv_heads, d, 0, 0, 0, pairs, 0);
     ms.n_doc = n_doc;
     quad_init_from_cache(&ms, &cache);
-    Document full = {DOC_EXACT, n_doc, &cache, NULL}, nectar = {DOC_NECTAR, n_doc, NULL, &ms};
+    Document full = {DOC_EXACT, n_doc, &cache, NULL, NULL}, nectar = {DOC_NECTAR, n_doc, NULL, &ms, NULL};
     double *got = xmalloc(p.n_prompts * sizeof(double)), *want = xmalloc(p.n_prompts * sizeof(double));
     double *full_scores = xmalloc(p.n_prompts * sizeof(double));
     int *seq = xmalloc((n_doc + promptset_max_len(&p) + p.n_nodoc_prefix) * sizeof(int));

@@ -159,11 +159,11 @@ static Measure run_config(const Model *m, RunKind kind, const int *doc_ids, int 
         for (size_t i = 0; i < count; i++) { cache.key[i] = rng_normal(&rng); cache.value[i] = rng_normal(&rng); }
     }
     if (kind == RUN_REUSED_CACHE || kind == RUN_FULL_PREFILL) {
-        doc = (Document){DOC_EXACT, n, &cache, NULL};
+        doc = (Document){DOC_EXACT, n, &cache, NULL, NULL};
         r.state_bytes = 2.0 * sizeof(float) * c->n_layers * n * cache.kv_dim;
     } else if (kind == RUN_NECTAR) {
         bench_modules(c, arch, n, rho, 0, &ms);
-        doc = (Document){DOC_NECTAR, n, NULL, &ms};
+        doc = (Document){DOC_NECTAR, n, NULL, &ms, NULL};
         r.state_bytes = ms.n_params * sizeof(float);
     }
     if (kind != RUN_FULL_PREFILL) t0 = now_seconds();  /* a reused cache is already there */
@@ -510,7 +510,7 @@ static int bench_gpu(const Model *host, const char *model_path, ModuleArch arch,
     DocCache warm;
     if (doccache_build_cuda(&warm, &m, warm_ids, 2 * BLOCK, BLOCK) != 0) return 1;
     free(warm_ids);
-    Document warm_doc = {DOC_EXACT, 2 * BLOCK, &warm, NULL};
+    Document warm_doc = {DOC_EXACT, 2 * BLOCK, &warm, NULL, NULL};
     gpu_generate(&m, &warm_doc, &ttft, &tps);
     gpu_generate(&m, &NO_DOCUMENT, &ttft, &tps);
     doccache_free_cuda(&warm);
@@ -533,7 +533,7 @@ static int bench_gpu(const Model *host, const char *model_path, ModuleArch arch,
         double t0 = now_seconds();
         if (doccache_build_cuda(&cache, &m, doc_ids, n, BLOCK) != 0) return 1;
         double prefill_s = now_seconds() - t0;
-        Document exact = {DOC_EXACT, n, &cache, NULL};
+        Document exact = {DOC_EXACT, n, &cache, NULL, NULL};
         double ttft_reused, tps_exact, ttft_n2, tps_n2, ttft_n10, tps_n10, ttft_none, tps_none;
         gpu_generate(&m, &exact, &ttft_reused, &tps_exact);
         double ttft_full = prefill_s * 1e3 + ttft_reused;
@@ -544,7 +544,7 @@ static int bench_gpu(const Model *host, const char *model_path, ModuleArch arch,
         bench_modules(c, arch, n, 0.10f, 0, &h10);
         moduleset_upload_cuda(&d2, &h2, 0);
         moduleset_upload_cuda(&d10, &h10, 0);
-        Document nectar2 = {DOC_NECTAR, n, NULL, &d2}, nectar10 = {DOC_NECTAR, n, NULL, &d10};
+        Document nectar2 = {DOC_NECTAR, n, NULL, &d2, NULL}, nectar10 = {DOC_NECTAR, n, NULL, &d10, NULL};
         gpu_generate(&m, &nectar2, &ttft_n2, &tps_n2);
         gpu_generate(&m, &nectar10, &ttft_n10, &tps_n10);
         gpu_generate(&m, &NO_DOCUMENT, &ttft_none, &tps_none);
@@ -837,7 +837,7 @@ static Batching batched_rollouts(const Model *m, int n) {
     for (int i = 0; i < ROLLOUTS * PROMPT; i++) prompts[i] = 3 + (int)((i * 40503u) % 256u);
     DocCache cache;
     if (doccache_build(&cache, m, doc_ids, n, 256) != 0) exit(1);
-    Document doc = {DOC_EXACT, n, &cache, NULL};
+    Document doc = {DOC_EXACT, n, &cache, NULL, NULL};
     const int no_stop[2] = {-1, -1};
     Rollout r[ROLLOUTS];
     const int batch_sizes[2] = {1, ROLLOUTS};
