@@ -5,10 +5,16 @@
  *   ./infer -m model.bin -z tokenizer.bin -d doc.txt -i "prompt"          exact
  *   ./infer -m model.bin -z tokenizer.bin -k doc.nectar -i "prompt"       Nectar
  *   ./infer -m model.bin -z tokenizer.bin -i "prompt"                     no document
+ *   ./infer -m model.bin -z tokenizer.bin -d a.txt -k b.nectar -i "prompt"  a composition: a, then b
  *
- * main reads as its steps: the options; the model, tokenizer, document,
+ * Several documents (-d, -D and -k, in command-line order) make a
+ * composition: each at the positions after those before it, read from its
+ * own KV cache or its modules; a module given beside its document's text
+ * stands in for it.
+ *
+ * main reads as its steps: the options; the model, tokenizer, documents,
  * modules and prompt; the device (the host, or GPU copies) and the
- * document's KV cache on it; then one mode: generate, --compare (exact,
+ * documents' KV caches on it; then one mode: generate, --compare (exact,
  * Nectar and no document in turn), --eval (metrics on the held-out
  * prompts of the module file) or --qa (multiple-choice questions scored by
  * likelihood).
@@ -40,6 +46,15 @@ static void usage(FILE *f) {
         "  -d DOC.txt     document (text, encoded with BOS first where the tokenizer adds one)\n"
         "  -D DOC.ids     document as token ids\n"
         "  -k MODULE      Nectar module file: stands in for the document (no prefill)\n"
+        "  Several -d, -D and -k make a composition of up to %d documents, in command-line order:\n"
+        "                 each document at the positions after those before it, prefilled on its\n"
+        "                 own (its KV cache) or read by its modules; a module given beside the text\n"
+        "                 of its document (matched by the fingerprint the file holds) stands in for\n"
+        "                 it. Later documents continue the first: no BOS, and with --chat no turn\n"
+        "                 opening (their modules are fitted with train --later-document)\n"
+        "  --joined       with several -d/-D: the full cache is one prefill over all of them, each\n"
+        "                 document attending to those before it (the true concatenation), instead\n"
+        "                 of each document's KV cache made on its own\n"
         "  -i \"prompt\"    prompt text (BOS only when there is no document)\n"
         "  -I PROMPT.ids  prompt as token ids, used as given\n"
         "  --chat         the model's chat template (ChatML): the document goes into the user's turn\n"
@@ -65,20 +80,26 @@ static void usage(FILE *f) {
         "                 after the question (with --chat, the assistant's turn), with the full\n"
         "                 cache, Nectar (with -k) and no document: accuracy and agreement with the\n"
         "                 full cache's choice, with 95%% intervals (--json: one JSON object)\n"
-        "  --gpu          run on the GPU (builds with nvcc; not with --eval or --qa)\n"
+        "  --gpu          run on the GPU (builds with nvcc; one document; not with --eval or --qa)\n"
         "  --help         this text\n"
         "Modes: with -d/-D the document's KV cache is used (exact); with -k the module is\n"
         "used instead (if -d/-D is also given, it must be the document the module was fitted\n"
-        "to); with neither, there is no document.\n");
+        "to); with neither, there is no document.\n", MAX_DOCUMENTS);
 }
 
 /* ------------------------------------------------------------------------ */
 /* Options                                                                  */
 
+/* A document option: -d (text), -D (token ids) or -k (modules). */
+typedef enum { DOC_TEXT, DOC_IDS, DOC_MODULES } DocKind;
+typedef struct { DocKind kind; const char *path; } DocOption;
+
 typedef struct {
-    const char *model_path, *tok_path, *doc_text_path, *doc_ids_path, *module_path, *prompt_text, *prompt_ids_path;
+    const char *model_path, *tok_path, *prompt_text, *prompt_ids_path;
+    DocOption docs[2 * MAX_DOCUMENTS];  /* -d, -D and -k in command-line order */
+    int n_docs, n_texts, n_modules;     /* of them: all, -d and -D, -k */
     const char *qa_path;  /* --qa */
-    int n_gen, print_ids, encode_only, eval, compare, json, gpu, chat, answers;
+    int n_gen, print_ids, encode_only, eval, compare, json, gpu, chat, answers, joined;
     int drift, drift_prompts;  /* --drift N, --drift-prompts K (0: not given) */
     float temperature, topp;
     unsigned long long seed;
@@ -87,11 +108,24 @@ typedef struct {
 /* A flag (an option without a value) into o: 1 if a is one, else 0. */
 static int parse_flag(const char *a, Options *o) {
     int *flags[] = {&o->print_ids, &o->encode_only, &o->eval, &o->compare, &o->json, &o->gpu, &o->chat,
-                    &o->answers};
+                    &o->answers, &o->joined};
     static const char *names[] = {"--ids", "--encode", "--eval", "--compare", "--json", "--gpu", "--chat",
-                                  "--answers"};
-    for (int k = 0; k < 8; k++)
+                                  "--answers", "--joined"};
+    for (int k = 0; k < 9; k++)
         if (!strcmp(a, names[k])) { *flags[k] = 1; return 1; }
+    return 0;
+}
+
+/* -d, -D or -k with path v, in order: 0, or -1 after a sentence. */
+static int add_document_option(const char *a, const char *v, Options *o) {
+    if (o->n_docs == 2 * MAX_DOCUMENTS) {
+        fprintf(stderr, "error: more than %d -d, -D and -k options\n", 2 * MAX_DOCUMENTS);
+        return -1;
+    }
+    DocKind kind = a[1] == 'd' ? DOC_TEXT : a[1] == 'D' ? DOC_IDS : DOC_MODULES;
+    o->docs[o->n_docs++] = (DocOption){kind, v};
+    if (kind == DOC_MODULES) o->n_modules++;
+    else o->n_texts++;
     return 0;
 }
 
@@ -100,9 +134,7 @@ static int parse_value(const char *a, const char *v, Options *o) {
     switch (a[1]) {
     case 'm': o->model_path = v; return 0;
     case 'z': o->tok_path = v; return 0;
-    case 'd': o->doc_text_path = v; return 0;
-    case 'D': o->doc_ids_path = v; return 0;
-    case 'k': o->module_path = v; return 0;
+    case 'd': case 'D': case 'k': return add_document_option(a, v, o);
     case 'i': o->prompt_text = v; return 0;
     case 'I': o->prompt_ids_path = v; return 0;
     case 'n': return parse_int_option(a, v, &o->n_gen);
@@ -116,10 +148,11 @@ static int parse_value(const char *a, const char *v, Options *o) {
 
 /* The combinations that cannot run: NULL or the sentence. */
 static const char *options_problem(const Options *o) {
-    int has_doc = o->doc_text_path || o->doc_ids_path;
+    int has_doc = o->n_texts > 0, has_ids = 0;
+    for (int i = 0; i < o->n_docs; i++) has_ids |= o->docs[i].kind == DOC_IDS;
     if (o->n_gen < 0 || o->temperature < 0.0f || o->topp < 0.0f || o->topp > 1.0f)
         return "need -n >= 0, -t >= 0 and -p in [0, 1]";
-    if ((o->eval || o->compare) && !(o->module_path && has_doc))
+    if ((o->eval || o->compare) && !(o->n_modules && has_doc))
         return "--eval and --compare need the module (-k) and its document (-d/-D)";
     if (o->qa_path && !has_doc)
         return "--qa needs the document (-d/-D): the full cache is what the others are held to";
@@ -130,12 +163,13 @@ static const char *options_problem(const Options *o) {
     if ((o->drift || o->drift_prompts) && !o->eval) return "--drift and --drift-prompts are a mode of --eval; add --eval";
     if (o->drift_prompts && !o->drift) return "--drift-prompts needs --drift N";
     if (o->drift && o->answers) return "--drift prints its own table; drop --answers";
+    if (o->drift && o->n_modules > 1) return "--drift follows the held-out prompts of one module file; give one -k";
+    if (o->joined && o->n_texts < 2) return "--joined prefills several documents as one; give two or more -d/-D";
 #ifndef NECTAR_CUDA
     if (o->gpu) return NO_GPU_SUPPORT;
 #endif
-    if ((o->doc_text_path && o->doc_ids_path) || (o->prompt_text && o->prompt_ids_path))
-        return "give the document as -d or -D and the prompt as -i or -I, not both";
-    if (o->chat && (o->doc_ids_path || o->prompt_ids_path))
+    if (o->prompt_text && o->prompt_ids_path) return "give the prompt as -i or -I, not both";
+    if (o->chat && (has_ids || o->prompt_ids_path))
         return "--chat frames texts (-d, -i); token ids (-D, -I) are used as given";
     return NULL;
 }
@@ -146,7 +180,8 @@ static int parse_options(int argc, char **argv, Options *o) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(stdout); exit(0); }
-        if (option_once(&seen, a) != 0) return -1;
+        int repeatable = !strcmp(a, "-d") || !strcmp(a, "-D") || !strcmp(a, "-k");  /* a composition */
+        if (!repeatable && option_once(&seen, a) != 0) return -1;
         if (parse_flag(a, o)) continue;
         if (!strcmp(a, "--qa") && i + 1 < argc) { o->qa_path = argv[++i]; continue; }
         int *count = !strcmp(a, "--drift") ? &o->drift : !strcmp(a, "--drift-prompts") ? &o->drift_prompts : NULL;
@@ -189,7 +224,7 @@ static int encode_only(const Options *o) {
     }
     Tokenizer tok;
     if (tokenizer_load(&tok, path, 0) != 0 || check_chat(o, &tok) != 0) return 1;
-    int after_doc = o->doc_text_path || o->doc_ids_path || o->module_path;  /* BOS only without a document */
+    int after_doc = o->n_docs > 0;  /* BOS only without a document */
     int n, *ids = encode_prompt(&tok, o->prompt_text, o->chat, after_doc, INT_MAX, &n);
     if (!ids) return 1;
     for (int i = 0; i < n; i++) printf("%d%c", ids[i], i + 1 < n ? ' ' : '\n');
@@ -211,75 +246,202 @@ static int need_tokenizer(const Tokenizer *tok) {
     return -1;
 }
 
+/* One document of the composition: its text's ids (-d/-D), the modules
+ * that stand in for it (-k), or both. */
+typedef struct {
+    const char *text_path;    /* -d or -D (NULL: none) */
+    int n_ids, *ids;          /* its ids, framed at its place */
+    const char *module_path;  /* -k (NULL: none) */
+    ModuleSet modules;
+    int n;                    /* its length: n_ids, or what its modules stand for */
+    int option;               /* the index of its -d, -D or unpaired -k among the document options */
+} Part;
+
 typedef struct {
     Model model;
     Tokenizer tok, *tokp;  /* tokp: &tok with -z or a GGUF model, else NULL */
-    int has_doc, n_doc, *doc_ids;  /* the document's ids (-d/-D) */
-    int has_modules;       /* -k */
-    ModuleSet modules;
-    int n_before;          /* tokens before the prompt: the document's, or those its modules stand for */
+    Part parts[MAX_DOCUMENTS];
+    int n_parts;           /* the documents, in order */
+    int has_doc;           /* some document has its text (-d/-D) */
+    int has_modules;       /* some document has modules (-k) */
+    int n_before;          /* tokens before the prompt: the documents' */
     int n_prompt, *prompt;
     int n_alone, *alone;   /* the prompt as it starts a sequence, for the no-document model of --compare */
     int steps;             /* tokens to generate, within the context */
     int stop_id;           /* generation also stops at this token (the end of a chat turn); -1: none */
-    Questions qa;          /* --qa: the questions, and each option as a prompt after the document */
+    Questions qa;          /* --qa: the questions, and each option as a prompt after the documents */
     PromptSet qa_prompts;
 } Inputs;
 
-/* The document's ids (-d/-D), its text encoded with BOS first where the
- * tokenizer adds one (framed as a chat turn with --chat). */
-static int load_document(const Options *o, Inputs *in) {
+/* A document option once read: a text's (or id file's) ids framed as the
+ * first document [0] and as a later one [1] (an id file's as given, for
+ * both); or a module file's modules, and the text option they stand in
+ * for (-1: none is given). */
+typedef struct {
+    int n[2], *ids[2];
+    ModuleSet modules;
+    int text;
+} ReadOption;
+
+/* The ids of a -d or -D option, framed first and later (encode_document). */
+static int read_framings(const Inputs *in, const DocOption *d, int chat, ReadOption *r) {
     const Config *c = &in->model.config;
-    if (o->doc_ids_path) in->doc_ids = load_ids(o->doc_ids_path, &in->n_doc);
-    else {
-        char *text = need_tokenizer(in->tokp) == 0 ? read_text_file(o->doc_text_path) : NULL;
+    if (d->kind == DOC_IDS) {
+        if (!(r->ids[0] = load_ids(d->path, &r->n[0]))) return -1;
+        r->n[1] = r->n[0];
+        r->ids[1] = xmalloc((r->n[0] + 1) * sizeof(int));
+        memcpy(r->ids[1], r->ids[0], r->n[0] * sizeof(int));
+    } else {
+        char *text = need_tokenizer(in->tokp) == 0 ? read_text_file(d->path) : NULL;
         if (!text) return -1;
-        if (!text[0]) { fprintf(stderr, "error: the document %s is empty\n", o->doc_text_path); return -1; }
-        in->doc_ids = encode_document(in->tokp, text, o->chat, c->seq_len, &in->n_doc);
+        if (!text[0]) { fprintf(stderr, "error: the document %s is empty\n", d->path); free(text); return -1; }
+        for (int later = 0; later < 2 && (later == 0 || r->ids[0]); later++)  /* one error, not two */
+            r->ids[later] = encode_document(in->tokp, text, chat, later, c->seq_len, &r->n[later]);
         free(text);
+        if (!r->ids[0] || !r->ids[1]) return -1;
     }
-    if (!in->doc_ids || check_tokens(&in->model, in->doc_ids, in->n_doc, "document") != 0) return -1;
-    if (in->n_doc == 0) { fprintf(stderr, "error: the document is empty\n"); return -1; }
+    if (r->n[0] == 0 || r->n[1] == 0) { fprintf(stderr, "error: the document %s is empty\n", d->path); return -1; }
+    return check_tokens(&in->model, r->ids[0], r->n[0], "document") != 0 ||
+           check_tokens(&in->model, r->ids[1], r->n[1], "document") != 0 ? -1 : 0;
+}
+
+/* Every document option read; each module paired with the first text not
+ * yet taken whose ids, framed first or later, have the fingerprint of the
+ * document it was fitted to. */
+static int read_options(const Options *o, const Inputs *in, ReadOption *r) {
+    unsigned char taken[2 * MAX_DOCUMENTS] = {0};
+    for (int i = 0; i < o->n_docs; i++) {
+        r[i].text = -1;
+        if (o->docs[i].kind != DOC_MODULES && read_framings(in, &o->docs[i], o->chat, &r[i]) != 0) return -1;
+        if (o->docs[i].kind == DOC_MODULES &&
+            moduleset_load(&r[i].modules, o->docs[i].path, in->model.fingerprint, 0) != 0) return -1;
+    }
+    for (int i = 0; i < o->n_docs; i++)
+        for (int j = 0; o->docs[i].kind == DOC_MODULES && j < o->n_docs && r[i].text < 0; j++)
+            for (int later = 0; o->docs[j].kind != DOC_MODULES && !taken[j] && later < 2; later++)
+                if (document_fingerprint(r[j].ids[later], r[j].n[later]) == r[i].modules.doc_fingerprint) {
+                    r[i].text = j;
+                    taken[j] = 1;
+                    break;
+                }
     return 0;
 }
 
-/* The module file (-k), fitted to this model and, when given, this document. */
-static int load_modules(const Options *o, Inputs *in) {
+/* The documents in command-line order: a text, with the modules paired
+ * with it, or modules alone; the ids and modules move from r into them. */
+static int assemble_parts(const Options *o, ReadOption *r, Inputs *in) {
+    for (int i = 0; i < o->n_docs; i++) {
+        if (o->docs[i].kind == DOC_MODULES && r[i].text >= 0) continue;  /* stands in for a text's document */
+        if (in->n_parts == MAX_DOCUMENTS) {
+            fprintf(stderr, "error: more than %d documents in one composition\n", MAX_DOCUMENTS);
+            return -1;
+        }
+        Part *p = &in->parts[in->n_parts];
+        int later = in->n_parts++ > 0;
+        p->option = i;
+        if (o->docs[i].kind == DOC_MODULES) {
+            p->module_path = o->docs[i].path;
+            p->modules = r[i].modules;
+            memset(&r[i].modules, 0, sizeof(ModuleSet));
+            p->n = p->modules.n_doc;
+            continue;
+        }
+        p->text_path = o->docs[i].path;
+        p->n = p->n_ids = r[i].n[later];
+        p->ids = r[i].ids[later];
+        r[i].ids[later] = NULL;
+    }
+    for (int i = 0; i < o->n_docs; i++)
+        for (int k = 0; r[i].text >= 0 && k < in->n_parts; k++)
+            if (in->parts[k].option == r[i].text) {
+                in->parts[k].module_path = o->docs[i].path;
+                in->parts[k].modules = r[i].modules;
+                memset(&r[i].modules, 0, sizeof(ModuleSet));
+            }
+    return 0;
+}
+
+/* Where a module can stand: its later flag says whether it was fitted as
+ * the first document or a later one. 0, or -1 after a sentence. */
+static int check_module_place(const Inputs *in, const Part *p, int k) {
+    int later = k > 0;
+    if (p->modules.later == later) return 0;
+    const char *as = p->modules.later ? "a later document of a composition (train --later-document)"
+                                      : "a first document (train without --later-document)";
+    if (!p->text_path && in->has_doc)
+        fprintf(stderr, "error: %s was fitted to a different document than those given (-d/-D), so it would be "
+                "document %d of its own; but it was fitted as %s\n", p->module_path, k + 1, as);
+    else fprintf(stderr, "error: %s was fitted as %s, but here it is document %d of %d\n", p->module_path, as, k + 1,
+                 in->n_parts);
+    return -1;
+}
+
+/* A document's modules: the model's shape, its place, its text's length,
+ * the context, its held-out prompts' ids and stops, the chat framing. */
+static int check_part_modules(const Options *o, const Inputs *in, const Part *p, int k) {
     const Config *c = &in->model.config;
-    uint64_t doc_fp = in->has_doc ? document_fingerprint(in->doc_ids, in->n_doc) : 0;
-    ModuleSet *ms = &in->modules;
-    if (moduleset_load(ms, o->module_path, in->model.fingerprint, doc_fp) != 0) return -1;
+    const ModuleSet *ms = &p->modules;
     if (ms->n_layers != c->n_layers || ms->n_kv_heads != c->n_kv_heads || ms->head_size != c->dim / c->n_heads) {
-        fprintf(stderr, "error: %s has modules for a different model shape\n", o->module_path);
+        fprintf(stderr, "error: %s has modules for a different model shape\n", p->module_path);
         return -1;
     }
-    if (in->has_doc && ms->n_doc != in->n_doc) {
-        fprintf(stderr, "error: %s stands for a document of %d tokens, but the document has %d; "
-                "the file is corrupt\n", o->module_path, ms->n_doc, in->n_doc);
+    if (check_module_place(in, p, k) != 0) return -1;
+    if (p->text_path && (ms->n_doc != p->n_ids || ms->doc_fingerprint != document_fingerprint(p->ids, p->n_ids))) {
+        fprintf(stderr, "error: %s stands for a document of %d tokens, but %s has %d; the file is corrupt\n",
+                p->module_path, ms->n_doc, p->text_path, p->n_ids);
         return -1;
     }
     if (ms->n_doc >= c->seq_len) {
         fprintf(stderr, "error: %s stands for a document of %d tokens, which leaves no room in the "
-                "model's context of %d\n", o->module_path, ms->n_doc, c->seq_len);
+                "model's context of %d\n", p->module_path, ms->n_doc, c->seq_len);
         return -1;
     }
     const PromptSet *held = &ms->heldout;  /* its ids and stops are the model's, as a checksum cannot tell */
-    for (int k = 0; k < 2 && held->n_prompts > 0; k++)
-        if (held->answer_stop[k] >= c->vocab_size) {
+    for (int j = 0; j < 2 && held->n_prompts > 0; j++)
+        if (held->answer_stop[j] >= c->vocab_size) {
             fprintf(stderr, "error: %s: its held-out answers' stop token %d is outside the vocabulary of %d\n",
-                    o->module_path, held->answer_stop[k], c->vocab_size);
+                    p->module_path, held->answer_stop[j], c->vocab_size);
             return -1;
         }
     if (held->n_prompts > 0 &&
-        (check_tokens(&in->model, held->tokens, held->offsets[held->n_prompts], o->module_path) != 0 ||
-         check_tokens(&in->model, held->nodoc_prefix, held->n_nodoc_prefix, o->module_path) != 0))
+        (check_tokens(&in->model, held->tokens, held->offsets[held->n_prompts], p->module_path) != 0 ||
+         check_tokens(&in->model, held->nodoc_prefix, held->n_nodoc_prefix, p->module_path) != 0))
         return -1;
     if (ms->chat != o->chat) {
-        fprintf(stderr, "error: %s was fitted to a document %s a chat turn; %s --chat\n", o->module_path,
+        fprintf(stderr, "error: %s was fitted to a document %s a chat turn; %s --chat\n", p->module_path,
                 ms->chat ? "framed as" : "not framed as", ms->chat ? "add" : "drop");
         return -1;
     }
     return 0;
+}
+
+/* The documents (-d, -D, -k) into in->parts, each checked; n_before. */
+static int load_documents(const Options *o, Inputs *in) {
+    ReadOption r[2 * MAX_DOCUMENTS];
+    memset(r, 0, sizeof r);
+    int rc = read_options(o, in, r);
+    if (rc == 0) rc = assemble_parts(o, r, in);
+    for (int k = 0; rc == 0 && k < in->n_parts; k++) {
+        const Part *p = &in->parts[k];
+        in->has_doc |= p->text_path != NULL;
+        in->has_modules |= p->module_path != NULL;
+        in->n_before += p->n;
+    }
+    for (int k = 0; rc == 0 && k < in->n_parts; k++)
+        if (in->parts[k].module_path) rc = check_part_modules(o, in, &in->parts[k], k);
+    for (int k = 0; rc == 0 && k < in->n_parts; k++)
+        if (!in->parts[k].text_path && (o->eval || o->compare || o->qa_path || o->joined)) {
+            fprintf(stderr, "error: %s stands for a document whose text is not given; --eval, --compare, --qa and "
+                    "--joined read every document's full cache (give its -d or -D too)\n", in->parts[k].module_path);
+            rc = -1;
+        }
+    if (rc == 0 && o->gpu && in->n_parts > 1) {
+        fprintf(stderr, "error: the GPU runs one document; a composition of %d documents runs on the CPU (drop "
+                "--gpu)\n", in->n_parts);
+        rc = -1;
+    }
+    for (int i = 0; i < o->n_docs; i++) { free(r[i].ids[0]); free(r[i].ids[1]); moduleset_free(&r[i].modules); }
+    return rc;
 }
 
 /* The prompt (BOS alone when none is given and there is no document), and
@@ -299,7 +461,7 @@ static int load_prompt(const Options *o, Inputs *in) {
         (!in->prompt || check_tokens(&in->model, in->prompt, in->n_prompt, "prompt") != 0)) return -1;
     if (in->n_prompt == 0) {
         if (after_doc && !o->eval && !o->qa_path) {
-            fprintf(stderr, "error: give a prompt (-i or -I) to follow the document\n");
+            fprintf(stderr, "error: give a prompt (-i or -I) to follow the document%s\n", in->n_parts > 1 ? "s" : "");
             return -1;
         }
         free(in->prompt);
@@ -315,8 +477,8 @@ static int load_prompt(const Options *o, Inputs *in) {
         in->n_alone = in->n_prompt + add;
     }
     if (in->n_before + in->n_prompt > c->seq_len) {
-        fprintf(stderr, "error: document (%d tokens) plus prompt (%d tokens) exceed the model's context "
-                "of %d tokens\n", in->n_before, in->n_prompt, c->seq_len);
+        fprintf(stderr, "error: document%s (%d tokens) plus prompt (%d tokens) exceed the model's context "
+                "of %d tokens\n", in->n_parts > 1 ? "s" : "", in->n_before, in->n_prompt, c->seq_len);
         return -1;
     }
     /* generated token i sits at position n_before + n_prompt + i; the last
@@ -346,11 +508,7 @@ static int load_inputs(const Options *o, Inputs *in) {
     }
     if (check_chat(o, in->tokp) != 0) return -1;
     in->stop_id = o->chat ? in->tok.eos_id : -1;
-    in->has_doc = o->doc_text_path || o->doc_ids_path;
-    in->has_modules = o->module_path != NULL;
-    if (in->has_doc && load_document(o, in) != 0) return -1;
-    if (in->has_modules && load_modules(o, in) != 0) return -1;
-    in->n_before = in->has_doc ? in->n_doc : in->has_modules ? in->modules.n_doc : 0;
+    if (load_documents(o, in) != 0) return -1;
     if (o->qa_path && (need_tokenizer(in->tokp) != 0 || questions_load(&in->qa, o->qa_path) != 0 ||
                        questions_prompts(&in->qa, in->tokp, o->chat, in->model.config.seq_len - in->n_before,
                                          &in->qa_prompts) != 0)) return -1;
@@ -358,10 +516,10 @@ static int load_inputs(const Options *o, Inputs *in) {
 }
 
 static void inputs_free(Inputs *in) {
-    if (in->has_modules) moduleset_free(&in->modules);
+    for (int k = 0; k < in->n_parts; k++) { moduleset_free(&in->parts[k].modules); free(in->parts[k].ids); }
     questions_free(&in->qa);
     promptset_free(&in->qa_prompts);
-    free(in->prompt); free(in->alone); free(in->doc_ids);
+    free(in->prompt); free(in->alone);
     if (in->tokp) tokenizer_free(in->tokp);
     model_free(&in->model);
 }
@@ -370,14 +528,16 @@ static void inputs_free(Inputs *in) {
 /* The device: the host, or GPU copies of the model and document state      */
 
 /* What generation runs on. On the host: the loaded model and modules and the
- * KV cache built here; with --gpu: their device copies. */
+ * KV caches built here; with --gpu (one document): their device copies. */
 typedef struct {
     int gpu;
     const Model *model;
-    const ModuleSet *modules;  /* NULL without -k */
-    DocCache cache;            /* the document's KV cache on the device, when built */
-    int has_cache;
-    Model model_dev;           /* --gpu: the copies */
+    const ModuleSet *modules[MAX_DOCUMENTS];  /* each document's modules (NULL: none) */
+    DocCache caches[MAX_DOCUMENTS];           /* each document's KV cache on the device, where built */
+    int has_cache[MAX_DOCUMENTS];
+    DocCache joined;                          /* --joined: one KV cache of all the documents */
+    int has_joined;
+    Model model_dev;                          /* --gpu: the copies */
     ModuleSet modules_dev;
 } Device;
 
@@ -385,45 +545,85 @@ typedef struct {
 static int device_open(Device *dv, const Options *o, const Inputs *in) {
     memset(dv, 0, sizeof(*dv));
     dv->model = &in->model;
-    dv->modules = in->has_modules ? &in->modules : NULL;
+    for (int k = 0; k < in->n_parts; k++) dv->modules[k] = in->parts[k].module_path ? &in->parts[k].modules : NULL;
 #ifdef NECTAR_CUDA
-    if (o->gpu) {
+    if (o->gpu) {  /* one document at most (load_documents) */
         if (nectar_cuda_init() != 0) return -1;
         dv->gpu = 1;  /* from here on the device has copies to free */
         model_upload_cuda(&dv->model_dev, &in->model);
-        if (in->has_modules) moduleset_upload_cuda(&dv->modules_dev, &in->modules, 0);
+        if (dv->modules[0]) moduleset_upload_cuda(&dv->modules_dev, dv->modules[0], 0);
         dv->model = &dv->model_dev;
-        dv->modules = in->has_modules ? &dv->modules_dev : NULL;
+        if (dv->modules[0]) dv->modules[0] = &dv->modules_dev;
     }
 #endif
     return 0;
 }
 
-/* The exact path's prefill: the document's KV cache on the device. */
-static int device_build_cache(Device *dv, const Inputs *in) {
+/* A KV cache of the n ids on the device (a prefill). */
+static int device_prefill(const Device *dv, const int *ids, int n, DocCache *cache) {
 #ifdef NECTAR_CUDA
-    if (dv->gpu) {
-        if (doccache_build_cuda(&dv->cache, dv->model, in->doc_ids, in->n_doc, 256) != 0) return -1;
-        dv->has_cache = 1;
-        return 0;
-    }
+    if (dv->gpu) return doccache_build_cuda(cache, dv->model, ids, n, 256);
 #endif
-    if (doccache_build(&dv->cache, dv->model, in->doc_ids, in->n_doc, 256) != 0) return -1;
-    dv->has_cache = 1;
-    return 0;
+    return doccache_build(cache, dv->model, ids, n, 256);
+}
+
+/* The exact path's prefills, those the mode reads: the full cache (every
+ * document's KV cache on its own, or with --joined one prefill of them
+ * all) for --eval, --compare, --qa and generation without modules; and
+ * Nectar's, the caches of the documents without modules. */
+static int device_build_caches(Device *dv, const Options *o, const Inputs *in) {
+    int need_full = !in->has_modules || o->eval || o->compare || o->qa_path;
+    for (int k = 0; k < in->n_parts; k++) {
+        const Part *p = &in->parts[k];
+        int for_nectar = in->has_modules && !p->module_path, for_full = need_full && !o->joined;
+        if (!p->text_path || !(for_nectar || for_full)) continue;
+        if (device_prefill(dv, p->ids, p->n_ids, &dv->caches[k]) != 0) return -1;
+        dv->has_cache[k] = 1;
+    }
+    if (!o->joined || !need_full) return 0;
+    int *ids = xmalloc((in->n_before + 1) * sizeof(int)), n = 0;  /* (n_before) the documents' ids in order */
+    for (int k = 0; k < in->n_parts; n += in->parts[k].n_ids, k++)
+        memcpy(ids + n, in->parts[k].ids, in->parts[k].n_ids * sizeof(int));
+    int rc = device_prefill(dv, ids, n, &dv->joined);
+    free(ids);
+    dv->has_joined = rc == 0;
+    return rc;
+}
+
+/* The compositions a mode runs, linked in order: full, every document read
+ * from its KV cache (or the --joined one of them all); nectar, modules
+ * standing in where they are given. With no document, full is
+ * NO_DOCUMENT. */
+typedef struct { Document full[MAX_DOCUMENTS], nectar[MAX_DOCUMENTS]; } Compositions;
+
+static void compositions(const Device *dv, const Inputs *in, Compositions *c) {
+    c->full[0] = NO_DOCUMENT;
+    for (int k = 0; k < in->n_parts; k++) {
+        const DocCache *cache = dv->has_cache[k] ? &dv->caches[k] : NULL;
+        c->full[k] = (Document){DOC_EXACT, in->parts[k].n, cache, NULL, NULL};
+        c->nectar[k] = dv->modules[k] ? (Document){DOC_NECTAR, in->parts[k].n, NULL, dv->modules[k], NULL} : c->full[k];
+        c->full[k].next = k + 1 < in->n_parts ? &c->full[k + 1] : NULL;
+        c->nectar[k].next = k + 1 < in->n_parts ? &c->nectar[k + 1] : NULL;
+    }
+    if (dv->has_joined) c->full[0] = (Document){DOC_EXACT, dv->joined.n, &dv->joined, NULL, NULL};
 }
 
 static void device_close(Device *dv) {
+    for (int k = 0; k < MAX_DOCUMENTS; k++)
+        if (dv->has_cache[k]) {
+#ifdef NECTAR_CUDA
+            if (dv->gpu) { doccache_free_cuda(&dv->caches[k]); continue; }
+#endif
+            doccache_free(&dv->caches[k]);
+        }
+    if (dv->has_joined) doccache_free(&dv->joined);  /* --joined runs on the CPU */
 #ifdef NECTAR_CUDA
     if (dv->gpu) {
-        if (dv->has_cache) doccache_free_cuda(&dv->cache);
-        if (dv->modules) moduleset_free_cuda(&dv->modules_dev);
+        if (dv->modules[0]) moduleset_free_cuda(&dv->modules_dev);
         model_free_cuda(&dv->model_dev);
         nectar_cuda_free();
-        return;
     }
 #endif
-    if (dv->has_cache) doccache_free(&dv->cache);
 }
 
 /* The run state of a generation on the device. */
@@ -552,11 +752,12 @@ static void print_answers(const char *split, const EvalResult *r, const PromptSe
 }
 
 /* --drift: the drift table (or its JSON). */
-static int run_drift(const Options *o, const Inputs *in, const Device *dv) {
+static int run_drift(const Options *o, const Inputs *in, const Compositions *c) {
     DriftResult r;
     int n_seqs = o->drift_prompts ? o->drift_prompts : 8;
-    if (drift_profile(&in->model, &dv->cache, &in->modules, &in->modules.heldout, o->drift, n_seqs, &r) != 0)
-        return -1;
+    const ModuleSet *ms = NULL;  /* the one module file's (options_problem) */
+    for (int k = 0; k < in->n_parts; k++) if (in->parts[k].module_path) ms = &in->parts[k].modules;
+    if (drift_profile(&in->model, c->full, c->nectar, &ms->heldout, o->drift, n_seqs, &r) != 0) return -1;
     if (o->json) printf("{\"drift\": {\"n_seqs\": %d, \"length\": %d, \"bins\": [", r.n_seqs, r.length);
     else printf("drift: %d held-out task prompts, each continued %d tokens by the full cache (greedy, no stop)\n"
                 "  %-14s %9s %12s %12s %24s %10s %10s\n", r.n_seqs, r.length, "local tokens", "positions",
@@ -576,22 +777,23 @@ static int run_drift(const Options *o, const Inputs *in, const Device *dv) {
     return 0;
 }
 
-/* --eval: the metrics on the module file's held-out prompts (on the CPU). */
-static int run_eval(const Options *o, const Inputs *in, const Device *dv) {
-    const Config *c = &in->model.config;
-    const ModuleSet *ms = &in->modules;
+/* --eval of one document's module file: the metrics on its held-out
+ * prompts (on the CPU), after all the documents. */
+static int eval_module(const Options *o, const Inputs *in, const Compositions *c, const Part *p) {
+    const Config *cf = &in->model.config;
+    const ModuleSet *ms = &p->modules;
     if (ms->heldout.n_prompts == 0) {
-        fprintf(stderr, "error: %s holds no held-out prompts to evaluate on\n", o->module_path);
+        fprintf(stderr, "error: %s holds no held-out prompts to evaluate on\n", p->module_path);
         return -1;
     }
     EvalResult split[EVAL_SPLITS];
-    if (evaluate(&in->model, &dv->cache, ms, &ms->heldout, split) != 0) return -1;
+    if (evaluate(&in->model, c->full, c->nectar, &ms->heldout, split) != 0) return -1;
     if (o->json) {
         printf("{\"arch\": \"%s\", \"rho\": %.6g, \"params\": %zu, \"kv_entries\": %ld, ",
                ms->arch == ARCH_MLP ? "mlp" : "quad", ms->rho, ms->n_params,
-               2L * c->n_layers * in->n_doc * (c->dim / c->n_heads) * c->n_kv_heads);
+               2L * cf->n_layers * ms->n_doc * (cf->dim / cf->n_heads) * cf->n_kv_heads);
         print_eval_splits_json(stdout, split);
-        printf("}\n");
+        printf("}");
     } else if (o->answers) {
         printf("held-out task prompts (random split): greedy answers to the model's stop or %d tokens\n",
                ms->heldout.answer_cap);
@@ -599,17 +801,39 @@ static int run_eval(const Options *o, const Inputs *in, const Device *dv) {
         print_answers("challenge split", &split[EVAL_CHALLENGE], &ms->heldout, in->tokp, 0);
         if (split[EVAL_TASKS].n_prompts > 0)
             print_answers("evaluation-only tasks", &split[EVAL_TASKS], &ms->heldout, in->tokp, 0);
-    } else print_eval_splits_table(stdout, split, c->n_layers);
+    } else print_eval_splits_table(stdout, split, cf->n_layers);
     for (int k = 0; k < EVAL_SPLITS; k++) evalresult_free(&split[k]);
     return 0;
 }
 
+/* --eval: each module file's held-out prompts in turn (one file: its
+ * metrics alone; several: each titled, and --json an array "modules" of
+ * them, each with its file). */
+static int run_eval(const Options *o, const Inputs *in, const Compositions *c) {
+    int several = o->n_modules > 1, first = 1, rc = 0;
+    if (several && o->json) printf("{\"modules\": [");
+    for (int k = 0; k < in->n_parts && rc == 0; k++) {
+        const Part *p = &in->parts[k];
+        if (!p->module_path) continue;
+        if (several && o->json) printf("%s{\"module\": \"%s\", \"document\": %d, \"metrics\": ", first ? "" : ", ",
+                                       p->module_path, k + 1);
+        else if (several) printf("%s=== held-out prompts of %s (document %d of %d) ===\n", first ? "" : "\n",
+                                 p->module_path, k + 1, in->n_parts);
+        rc = eval_module(o, in, c, p);
+        if (several && o->json) printf("}");
+        first = 0;
+    }
+    if (several && o->json) printf("]}");
+    if (o->json) printf("\n");
+    return rc;
+}
+
 /* --qa: every question's options scored as the reply with the full cache,
  * Nectar (with -k) and no document (on the CPU). */
-static int run_qa(const Options *o, const Inputs *in, const Device *dv) {
+static int run_qa(const Options *o, const Inputs *in, const Compositions *c) {
     QaResult r;
-    if (qa_evaluate(&in->model, &dv->cache, in->has_modules ? &in->modules : NULL, &in->qa, &in->qa_prompts,
-                    &r) != 0) return -1;
+    if (qa_evaluate(&in->model, c->full, in->has_modules ? c->nectar : NULL, &in->qa, &in->qa_prompts, &r) != 0)
+        return -1;
     if (o->json) { print_qa_json(stdout, &in->qa, &r); printf("\n"); }
     else print_qa_table(stdout, &in->qa, &r);
     qaresult_free(&r);
@@ -618,11 +842,11 @@ static int run_qa(const Options *o, const Inputs *in, const Device *dv) {
 
 /* --compare: the same prompt and seed three ways; without a document the
  * prompt starts with BOS. */
-static int run_compare(const Options *o, const Inputs *in, const Device *dv, const Document *nectar) {
-    Document exact = {DOC_EXACT, in->n_doc, &dv->cache, NULL, NULL};
+static int run_compare(const Options *o, const Inputs *in, const Device *dv, const Compositions *c) {
     struct { const char *name; const Document *doc; const int *prompt; int n; } runs[3] = {
-        {"exact (document KV cache)", &exact, in->prompt, in->n_prompt},
-        {"Nectar (module)", nectar, in->prompt, in->n_prompt},
+        {o->joined ? "exact (the documents' joined KV cache)" : "exact (document KV cache)", c->full, in->prompt,
+         in->n_prompt},
+        {"Nectar (module)", c->nectar, in->prompt, in->n_prompt},
         {"no document", &NO_DOCUMENT, in->alone, in->n_alone}};
     int rc = 0;
     for (int r = 0; r < 3 && rc == 0; r++) {
@@ -651,29 +875,36 @@ static int run_generate(const Options *o, const Inputs *in, const Device *dv, co
     sampler_free(&sampler);
     if (n < 0) return -1;
     const char *mode = in->has_modules ? "Nectar" : in->has_doc ? "exact" : "no document";
-    fprintf(stderr, "%s%s: document %d tokens (prefill %.1f ms), prompt %d tokens (%.1f ms to first token), "
-            "%d generated at %.1f tok/s\n", mode, dv->gpu ? " (GPU)" : "", in->n_before,
-            in->has_modules ? 0.0 : prefill_ms, in->n_prompt, first_ms, n, rate);
+    fprintf(stderr, "%s%s: %d document%s of %d tokens (prefill %.1f ms), prompt %d tokens (%.1f ms to first token), "
+            "%d generated at %.1f tok/s\n", mode, dv->gpu ? " (GPU)" : "", in->n_parts, in->n_parts == 1 ? "" : "s",
+            in->n_before, prefill_ms, in->n_prompt, first_ms, n, rate);
     return 0;
 }
 
-/* The storage line: the document's KV state against the module's bytes. */
+/* The storage line: the KV state of the documents read by modules against
+ * the modules' bytes. */
 static void print_storage(const Inputs *in) {
     const Config *c = &in->model.config;
-    size_t kv_bytes = 2 * sizeof(float) * (size_t)c->n_layers * in->modules.n_doc * (c->dim / c->n_heads) *
-                      c->n_kv_heads, module_bytes = in->modules.n_params * sizeof(float);
+    size_t kv_bytes = 0, module_bytes = 0;
+    for (int k = 0; k < in->n_parts; k++) {
+        const ModuleSet *ms = &in->parts[k].modules;
+        if (!in->parts[k].module_path) continue;
+        kv_bytes += 2 * sizeof(float) * (size_t)c->n_layers * ms->n_doc * (c->dim / c->n_heads) * c->n_kv_heads;
+        module_bytes += ms->n_params * sizeof(float);
+    }
     fprintf(stderr, "storage: document KV state %zu bytes, module %zu bytes (%.1fx smaller)\n", kv_bytes,
             module_bytes, (double)kv_bytes / module_bytes);
 }
 
-/* The mode the options ask for, with the document as the device holds it. */
+/* The mode the options ask for, with the documents as the device holds
+ * them: generation reads Nectar's composition where there are modules. */
 static int run_mode(const Options *o, const Inputs *in, const Device *dv, double prefill_ms) {
-    Document doc = NO_DOCUMENT;
-    if (in->has_modules) doc = (Document){DOC_NECTAR, in->modules.n_doc, NULL, dv->modules, NULL};
-    else if (dv->has_cache) doc = (Document){DOC_EXACT, in->n_doc, &dv->cache, NULL, NULL};
+    Compositions c;
+    compositions(dv, in, &c);
     if (in->has_modules) print_storage(in);
-    return o->qa_path ? run_qa(o, in, dv) : o->drift ? run_drift(o, in, dv) : o->eval ? run_eval(o, in, dv)
-         : o->compare ? run_compare(o, in, dv, &doc) : run_generate(o, in, dv, &doc, prefill_ms);
+    return o->qa_path ? run_qa(o, in, &c) : o->drift ? run_drift(o, in, &c) : o->eval ? run_eval(o, in, &c)
+         : o->compare ? run_compare(o, in, dv, &c)
+         : run_generate(o, in, dv, in->has_modules ? c.nectar : c.full, prefill_ms);
 }
 
 int main(int argc, char **argv) {
@@ -687,12 +918,11 @@ int main(int argc, char **argv) {
     Device dv = {0};
     int rc = load_inputs(&o, &in);
 
-    /* 3. the device, and the document's KV cache on it (with a module, only
-     * --eval, --compare and --qa need the cache) */
+    /* 3. the device, and the documents' KV caches on it (with modules, only
+     * --eval, --compare and --qa need the full cache) */
     if (rc == 0) rc = device_open(&dv, &o, &in);
     double t0 = now_seconds();
-    if (rc == 0 && in.has_doc && (!in.has_modules || o.eval || o.compare || o.qa_path))
-        rc = device_build_cache(&dv, &in);
+    if (rc == 0) rc = device_build_caches(&dv, &o, &in);
     double prefill_ms = (now_seconds() - t0) * 1e3;
 
     /* 4. the mode, then everything freed (on the way out of an error too) */

@@ -164,6 +164,8 @@ typedef struct {
     int n_doc;                  /* n: the document length it replaces */
     float rho;                  /* budget: params / (2 n d) per module */
     int chat;                   /* 1: fitted to a document framed as a chat turn (--chat) */
+    int later;                  /* 1: fitted to it as a later document of a composition (train
+                                   --later-document: it continues others, no BOS or turn opening) */
     uint64_t model_fingerprint, doc_fingerprint;
     Module *modules;            /* (L * G), module of (l, g) at l * G + g */
     float *params;              /* (n_params) every module, contiguous */

@@ -64,6 +64,7 @@ typedef struct {
     int kl_top_k;           /* > 0: the KL term's teacher kept as its k likeliest tokens and a rest */
     int gpu;
     int chat;  /* 1: --chat, 0: --no-chat, -1: as the model is (load_inputs decides) */
+    int later_document;  /* --later-document: the document as a later one of a composition */
     int depth_backbone, depth_score, depth_target;
     const char *groups;
     unsigned long long seed;
@@ -94,6 +95,10 @@ static void usage(FILE *f) {
         "  -z TOKENIZER      tokenizer.bin, for text input with a llama2.c checkpoint\n"
         "  -d DOC.txt        document text (BOS first where the tokenizer adds one)\n"
         "  -D DOC.ids        document token ids\n"
+        "  --later-document  the document as a later one of a composition (infer with several -d or\n"
+        "                    -k): it continues the documents before it, so its text gets no BOS and,\n"
+        "                    with --chat, no turn opening; infer puts the modules only after another\n"
+        "                    document, and one fitted without it only first\n"
         "  --chat            the model's chat template: the document goes into the user's turn, each\n"
         "                    text prompt ends the turn, self-study writes chat tasks (infer --chat\n"
         "                    uses the modules); the default for a model with a ChatML template and a\n"
@@ -338,6 +343,7 @@ static int parse_options(int argc, char **argv, Options *o) {
         if (!strcmp(a, "--gpu")) { o->gpu = 1; continue; }
         if (!strcmp(a, "--chat")) { o->chat = 1; continue; }
         if (!strcmp(a, "--no-chat")) { o->chat = 0; continue; }
+        if (!strcmp(a, "--later-document")) { o->later_document = 1; continue; }
         if (i + 1 >= argc) { report_last_option(a, VALUE_OPTIONS); return -1; }
         if (parse_value_option(a, argv[++i], o) != 0) return -1;
     }
@@ -363,7 +369,7 @@ typedef struct {
 
 /* The document's token ids: from an id file, or its text encoded with BOS
  * first where the tokenizer adds one, framed as a chat turn with --chat (at
- * most seq_len tokens). */
+ * most seq_len tokens); with --later-document, as it continues others. */
 static int read_document(const Options *o, Inputs *in) {
     const Config *c = &in->model.config;
     if (o->doc_ids_path) {
@@ -376,7 +382,7 @@ static int read_document(const Options *o, Inputs *in) {
     }
     in->doc_text = read_text_file(o->doc_text_path);
     if (!in->doc_text) return -1;
-    in->doc_ids = encode_document(in->tokp, in->doc_text, o->chat, c->seq_len, &in->n_doc);
+    in->doc_ids = encode_document(in->tokp, in->doc_text, o->chat, o->later_document, c->seq_len, &in->n_doc);
     return in->doc_ids ? 0 : -1;
 }
 
@@ -774,7 +780,7 @@ static int make_modules(const Options *o, const Inputs *in, ModuleSet *ms) {
     }
     if (moduleset_alloc(ms, o->arch, L, G, d, o->depth_backbone, o->depth_score, o->depth_target, sizes, 1) != 0)
         goto done;
-    ms->n_doc = n_doc; ms->rho = o->rho; ms->chat = o->chat;
+    ms->n_doc = n_doc; ms->rho = o->rho; ms->chat = o->chat; ms->later = o->later_document;
     ms->model_fingerprint = in->model.fingerprint; ms->doc_fingerprint = in->cache.fingerprint;
     long kv_entries = 2L * n_doc * d * L * G;
     FILE *info = o->json ? stderr : stdout;
@@ -1289,13 +1295,14 @@ static int evaluate_and_save(const Options *o, const Inputs *in, ModuleSet *ms, 
     const Config *c = &in->model.config;
     Results r = {0};
     EvalResult train_splits[EVAL_SPLITS];
-    if (evaluate(&in->model, &in->cache, ms, &ms->heldout, r.split) != 0) return -1;
+    Document nectar = {DOC_NECTAR, ms->n_doc, NULL, ms, NULL};
+    if (evaluate(&in->model, &in->doc, &nectar, &ms->heldout, r.split) != 0) return -1;
     if (o->eval_train) {
-        if (evaluate(&in->model, &in->cache, ms, fitted, train_splits) != 0) return -1;
+        if (evaluate(&in->model, &in->doc, &nectar, fitted, train_splits) != 0) return -1;
         r.train_split = train_splits[EVAL_RANDOM];
         evalresult_free(&train_splits[EVAL_CHALLENGE]); evalresult_free(&train_splits[EVAL_TASKS]);
     }
-    if (o->qa_path && qa_evaluate(&in->model, &in->cache, ms, &in->qa, &in->qa_prompts, &r.qa) != 0) return -1;
+    if (o->qa_path && qa_evaluate(&in->model, &in->doc, &nectar, &in->qa, &in->qa_prompts, &r.qa) != 0) return -1;
     if (moduleset_save(ms, o->out_path) != 0) return -1;
     long kv_entries = 2L * in->n_doc * (c->dim / c->n_heads) * c->n_layers * c->n_kv_heads;
     fprintf(stderr, "wrote %s: %zu parameters, %.1f KB (document KV state: %.1f KB)\n", o->out_path,

@@ -107,12 +107,14 @@ void print_eval_table(FILE *f, const char *title, const EvalResult *r, int n_lay
             "", r->agree, r->agree_nodoc, r->agree_ci[0], r->agree_ci[1]);
     fprintf(f, "  %-26s %10s %10.4f %10.4f   Nectar's 95%% interval [%.4f, %.4f]\n", "mean KL(full || model)", "",
             r->kl, r->kl_nodoc, r->kl_ci[0], r->kl_ci[1]);
-    fprintf(f, "  module fit on the teacher's queries (%ld evaluations):\n", r->n_queries);
-    fprintf(f, "    score MSE %.4g   target MSE %.4g   relative transport error %.4g\n",
-            r->score_mse, r->target_mse, r->rte);
-    fprintf(f, "    %-6s %12s %12s\n", "layer", "score MSE", "target MSE");
-    for (int l = 0; l < n_layers; l++)
-        fprintf(f, "    %-6d %12.4g %12.4g\n", l, r->score_mse_layer[l], r->target_mse_layer[l]);
+    if (r->n_queries > 0) {  /* none for a composition of documents */
+        fprintf(f, "  module fit on the teacher's queries (%ld evaluations):\n", r->n_queries);
+        fprintf(f, "    score MSE %.4g   target MSE %.4g   relative transport error %.4g\n",
+                r->score_mse, r->target_mse, r->rte);
+        fprintf(f, "    %-6s %12s %12s\n", "layer", "score MSE", "target MSE");
+        for (int l = 0; l < n_layers; l++)
+            fprintf(f, "    %-6d %12.4g %12.4g\n", l, r->score_mse_layer[l], r->target_mse_layer[l]);
+    }
     print_answer_summary(f, r);
 }
 
@@ -135,12 +137,14 @@ static void print_triple_json(FILE *f, const char *name, const double x[3], cons
 void print_eval_json(FILE *f, const EvalResult *r) {
     fprintf(f, "{\"n_prompts\": %d, \"n_positions\": %d, \"acc_full\": %.6f, \"acc_nectar\": %.6f, "
             "\"acc_nodoc\": %.6f, \"gap_pp\": %.4f, \"agree\": %.6f, \"agree_nodoc\": %.6f, "
-            "\"kl\": %.6g, \"kl_nodoc\": %.6g, \"score_mse\": %.6g, \"target_mse\": %.6g, \"rte\": %.6g, "
-            "\"n_answers\": %d, \"answer_match\": %.6f, \"answer_match_nodoc\": %.6f, \"answer_prefix\": %.6f",
+            "\"kl\": %.6g, \"kl_nodoc\": %.6g, ",
             r->n_prompts, r->n_positions, r->acc_full, r->acc_nectar, r->acc_nodoc,
-            100 * (r->acc_full - r->acc_nectar), r->agree, r->agree_nodoc, r->kl, r->kl_nodoc,
-            r->score_mse, r->target_mse, r->rte, r->n_answers, r->answer_match, r->answer_match_nodoc,
-            r->answer_prefix);
+            100 * (r->acc_full - r->acc_nectar), r->agree, r->agree_nodoc, r->kl, r->kl_nodoc);
+    if (r->n_queries > 0)
+        fprintf(f, "\"score_mse\": %.6g, \"target_mse\": %.6g, \"rte\": %.6g, ", r->score_mse, r->target_mse, r->rte);
+    else fprintf(f, "\"score_mse\": null, \"target_mse\": null, \"rte\": null, ");  /* a composition */
+    fprintf(f, "\"n_answers\": %d, \"answer_match\": %.6f, \"answer_match_nodoc\": %.6f, \"answer_prefix\": %.6f",
+            r->n_answers, r->answer_match, r->answer_match_nodoc, r->answer_prefix);
     print_interval_json(f, "kl_ci", r->kl_ci);
     print_interval_json(f, "agree_ci", r->agree_ci);
     double none[2] = {NAN, NAN};

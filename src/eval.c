@@ -100,7 +100,8 @@ static void ratio_interval(double R, double sum_x, long n, double y2, double xy,
 /* The three models of an evaluation, their scratch, one prompt's sums, and
  * the sums of each split (EVAL_*). */
 typedef struct {
-    Document full, nectar;
+    const Document *full, *nectar;
+    const ModuleSet *fit;       /* the modules whose fit is measured (module_fit), or NULL */
     RunState sf, sn, s0;        /* full cache (with taps), Nectar, no document */
     ModuleWork work;
     int max_len;
@@ -116,20 +117,30 @@ static int in_split(const PromptSet *p, int i, int k) {
     return p->split[i] == (k == EVAL_CHALLENGE ? SPLIT_CHALLENGE : SPLIT_TASKS);
 }
 
-static void evaluation_start(Evaluation *e, const Model *m, const DocCache *doc, const ModuleSet *ms,
+/* The modules whose fit to the exact document state can be measured: those
+ * of nectar when it is one document read by them and full the same
+ * document read from its KV cache; else NULL (a composition: the taps hold
+ * the merged state of all its documents). */
+static const ModuleSet *module_fit(const Document *full, const Document *nectar) {
+    int single = !full->next && !nectar->next && full->mode == DOC_EXACT && full->cache && nectar->mode == DOC_NECTAR;
+    return single ? nectar->modules : NULL;
+}
+
+static void evaluation_start(Evaluation *e, const Model *m, const Document *full, const Document *nectar,
                              const PromptSet *prompts, int max_len) {
     const Config *c = &m->config;
     int L = c->n_layers, H = c->n_heads, d = c->dim / H, group = H / c->n_kv_heads, V = c->vocab_size;
     memset(e, 0, sizeof(*e));
-    e->full = (Document){DOC_EXACT, doc->n, doc, NULL, NULL};
-    e->nectar = (Document){DOC_NECTAR, ms->n_doc, NULL, ms, NULL};
+    e->full = full;
+    e->nectar = nectar;
+    e->fit = module_fit(full, nectar);
     e->max_len = max_len;
-    runstate_alloc(&e->sf, m, &e->full, max_len, max_len);
-    runstate_enable_taps(&e->sf, m);
-    runstate_alloc(&e->sn, m, &e->nectar, max_len, max_len);
+    runstate_alloc(&e->sf, m, full, max_len, max_len);
+    if (e->fit) runstate_enable_taps(&e->sf, m);
+    runstate_alloc(&e->sn, m, nectar, max_len, max_len);
     int nodoc_len = prompts->n_nodoc_prefix + max_len;
     runstate_alloc(&e->s0, m, &NO_DOCUMENT, nodoc_len, nodoc_len);
-    modulework_alloc(&e->work, ms, max_len * group);
+    if (e->fit) modulework_alloc(&e->work, e->fit, max_len * group);
     e->nodoc_input = xmalloc(nodoc_len * sizeof(int));
     e->a = xmalloc((size_t)max_len * group * sizeof(float));
     e->A = xmalloc((size_t)max_len * group * d * sizeof(float));
@@ -164,8 +175,8 @@ static int after_nodoc_prefix(const PromptSet *p, const int *prompt, int len, in
  * before it (the no-document logits of position t are at t + that), or -1. */
 static int forward_three(Evaluation *e, const Model *m, const PromptSet *p, const int *prompt, int len) {
     int prefix = after_nodoc_prefix(p, prompt, len, e->nodoc_input);
-    if (forward(m, &e->sf, &e->full, prompt, len, 0, LOGITS_ALL) != 0 ||
-        forward(m, &e->sn, &e->nectar, prompt, len, 0, LOGITS_ALL) != 0 ||
+    if (forward(m, &e->sf, e->full, prompt, len, 0, LOGITS_ALL) != 0 ||
+        forward(m, &e->sn, e->nectar, prompt, len, 0, LOGITS_ALL) != 0 ||
         forward(m, &e->s0, &NO_DOCUMENT, e->nodoc_input, prefix + len, 0, LOGITS_ALL) != 0) return -1;
     return prefix;
 }
@@ -200,8 +211,10 @@ static int count_next_tokens(Evaluation *e, const Model *m, const PromptSet *p, 
 
 /* The modules on the queries the full-cache model just saw (its taps),
  * against the exact document state at each of the len positions, into
- * e->prompt. */
-static void count_module_fit(Evaluation *e, const Model *m, const ModuleSet *ms, int len) {
+ * e->prompt (nothing where there is no fit to measure: e->fit NULL). */
+static void count_module_fit(Evaluation *e, const Model *m, int len) {
+    const ModuleSet *ms = e->fit;
+    if (!ms) return;
     Sums *r = &e->prompt;
     const Config *c = &m->config;
     int L = c->n_layers, H = c->n_heads, G = c->n_kv_heads, D = c->dim, d = D / H, group = H / G;
@@ -245,10 +258,15 @@ static void evaluation_means(const Sums *e, int L, int H, EvalResult *r) {
     ratio_interval(r->agree, n, e->prompts, e->agree2, e->agree_x, e->x2, r->agree_ci);
     long total = 0;
     double log_rte = 0;
+    for (int l = 0; l < L; l++) total += e->layer_samples[l];
+    if (total == 0) {  /* no module fit measured (a composition) */
+        r->score_mse = r->target_mse = r->rte = NAN;
+        for (int l = 0; l < L; l++) r->score_mse_layer[l] = r->target_mse_layer[l] = NAN;
+        return;
+    }
     for (int l = 0; l < L; l++) {
         r->score_mse += e->score_se[l];
         r->target_mse += e->target_se[l];
-        total += e->layer_samples[l];
         r->score_mse_layer[l] = e->score_se[l] / e->layer_samples[l];
         r->target_mse_layer[l] = e->target_se[l] / e->layer_samples[l];
         /* each (layer, head) has layer_samples[l] / H queries */
@@ -260,21 +278,28 @@ static void evaluation_means(const Sums *e, int L, int H, EvalResult *r) {
     r->n_queries = total;
 }
 
-/* What evaluate checks first: the modules are the document's, the
- * document (or the no-document prefix) and the longest prompt fit the
- * context, the prefix's and the prompts' ids the vocabulary. 0, or -1 after
- * a sentence. */
-static int evaluation_check(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
+/* The tokens before a prompt: the documents', or without them the
+ * no-document prefix. */
+static int tokens_before(const Document *full, const PromptSet *p) {
+    int n = document_length(full);
+    return n > p->n_nodoc_prefix ? n : p->n_nodoc_prefix;
+}
+
+/* What evaluate checks first: Nectar's documents stand for as many tokens
+ * as the full cache's, the documents (or the no-document prefix) and the
+ * longest prompt fit the context, the prefix's and the prompts' ids the
+ * vocabulary. 0, or -1 after a sentence. */
+static int evaluation_check(const Model *m, const Document *full, const Document *nectar, const PromptSet *prompts,
                             int max_len) {
     const Config *c = &m->config;
-    int K = prompts->n_nodoc_prefix;
-    if (ms->n_doc != doc->n) {
-        fprintf(stderr, "error: the modules stand for a document of %d tokens, not %d\n", ms->n_doc, doc->n);
+    int K = prompts->n_nodoc_prefix, n = document_length(full);
+    if (document_length(nectar) != n) {
+        fprintf(stderr, "error: the modules stand for documents of %d tokens, not %d\n", document_length(nectar), n);
         return -1;
     }
-    if ((doc->n > K ? doc->n : K) + max_len > c->seq_len) {
+    if (tokens_before(full, prompts) + max_len > c->seq_len) {
         fprintf(stderr, "error: the document (%d tokens; without it, the prompts' prefix of %d) plus the longest "
-                "prompt (%d) exceed the context of %d\n", doc->n, K, max_len, c->seq_len);
+                "prompt (%d) exceed the context of %d\n", n, K, max_len, c->seq_len);
         return -1;
     }
     if (check_tokens(m, prompts->nodoc_prefix, K, "no-document prefix") != 0) return -1;
@@ -284,10 +309,10 @@ static int evaluation_check(const Model *m, const DocCache *doc, const ModuleSet
     return 0;
 }
 
-static int evaluate_answers(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
+static int evaluate_answers(const Model *m, const Document *full, const Document *nectar, const PromptSet *prompts,
                             EvalResult split[EVAL_SPLITS]);  /* below, after the rollouts */
 
-int evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
+int evaluate(const Model *m, const Document *full, const Document *nectar, const PromptSet *prompts,
              EvalResult split[EVAL_SPLITS]) {
     int L = m->config.n_layers, H = m->config.n_heads;
     for (int k = 0; k < EVAL_SPLITS; k++) {
@@ -295,16 +320,16 @@ int evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const Pro
         split[k].score_mse_layer = xmalloc(L * sizeof(double));
         split[k].target_mse_layer = xmalloc(L * sizeof(double));
     }
-    int max_len = promptset_max_len(prompts), rc = evaluation_check(m, doc, ms, prompts, max_len);
+    int max_len = promptset_max_len(prompts), rc = evaluation_check(m, full, nectar, prompts, max_len);
     if (rc == 0) {
         Evaluation e;
-        evaluation_start(&e, m, doc, ms, prompts, max_len);
+        evaluation_start(&e, m, full, nectar, prompts, max_len);
         EvalProgress progress = eval_progress_start("evaluation: prompts", prompts->n_prompts);
         for (int i = 0; i < prompts->n_prompts && rc == 0; i++) {
             int len = prompts->offsets[i + 1] - prompts->offsets[i];
             sums_clear(&e.prompt, L, H);
             rc = count_next_tokens(&e, m, prompts, prompts->tokens + prompts->offsets[i], len);
-            if (rc == 0) count_module_fit(&e, m, ms, len);
+            if (rc == 0) count_module_fit(&e, m, len);
             for (int k = 0; k < EVAL_SPLITS && rc == 0; k++)
                 if (in_split(prompts, i, k)) {
                     sums_add_prompt(&e.split[k], &e.prompt, L, H);
@@ -320,13 +345,13 @@ int evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const Pro
      * is not finite makes every sum it is in so */
     for (int k = EVAL_RANDOM; k <= EVAL_TASKS && rc == 0; k += EVAL_TASKS - EVAL_RANDOM) {
         const EvalResult *r = &split[k];
-        if (r->n_positions == 0 || (isfinite(r->kl) && isfinite(r->score_mse) && isfinite(r->target_mse) &&
-                                    isfinite(r->rte))) continue;
+        int fit_finite = r->n_queries == 0 || (isfinite(r->score_mse) && isfinite(r->target_mse) && isfinite(r->rte));
+        if (r->n_positions == 0 || (isfinite(r->kl) && fit_finite)) continue;
         fprintf(stderr, "error: the modules' outputs on the held-out prompts are not finite (KL %g, score MSE %g, "
                 "target MSE %g): they diverged in fitting or are corrupt\n", r->kl, r->score_mse, r->target_mse);
         rc = -1;
     }
-    if (rc == 0) rc = evaluate_answers(m, doc, ms, prompts, split);
+    if (rc == 0) rc = evaluate_answers(m, full, nectar, prompts, split);
     if (rc != 0) for (int k = 0; k < EVAL_SPLITS; k++) evalresult_free(&split[k]);
     return rc;
 }
@@ -578,7 +603,7 @@ static void split_answers(const PromptSet *p, const EvalResult *all, int k, Eval
  * the document the question follows the set's nodoc_prefix) of the
  * r->n_answers prompts with a question part, each of at most `cap` tokens,
  * into r. */
-static int answer_rollouts(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
+static int answer_rollouts(const Model *m, const Document *full, const Document *nectar, const PromptSet *prompts,
                            int max_question, int cap, EvalResult *r) {
     int K = prompts->n_nodoc_prefix, stride = 1 + K + max_question, rc = 0;
     int *nodoc_input = xmalloc((size_t)r->n_answers * stride * sizeof(int));
@@ -589,12 +614,12 @@ static int answer_rollouts(const Model *m, const DocCache *doc, const ModuleSet 
                 prompts->question_len[i];
         r->answer_prompt[a++] = i;
     }
-    Document runs[3] = {{DOC_EXACT, doc->n, doc, NULL, NULL}, {DOC_NECTAR, ms->n_doc, NULL, ms, NULL}, NO_DOCUMENT};
+    const Document *runs[3] = {full, nectar, &NO_DOCUMENT};
     int batches = (r->n_answers + ROLLOUT_BATCH - 1) / ROLLOUT_BATCH;
     EvalProgress progress = eval_progress_start("evaluation: answer batches (full cache, Nectar, no document)",
                                                 3 * batches);
     for (int k = 0; k < 3 && rc == 0; k++)
-        rc = answer_run(m, &runs[k], k, prompts, nodoc_input, stride, K + max_question, cap, r, &progress);
+        rc = answer_run(m, runs[k], k, prompts, nodoc_input, stride, K + max_question, cap, r, &progress);
     eval_progress_end(&progress);
     free(nodoc_input);
     return rc;
@@ -604,24 +629,24 @@ static int answer_rollouts(const Model *m, const DocCache *doc, const ModuleSet 
  * answer_match_nodoc, answer_prefix and the answers themselves): the
  * answers of every prompt with a question part, one cap for all (shortened
  * where the context ends), each split taking those of its prompts. */
-static int evaluate_answers(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
+static int evaluate_answers(const Model *m, const Document *full, const Document *nectar, const PromptSet *prompts,
                             EvalResult split[EVAL_SPLITS]) {
     EvalResult every = {0};
-    int max_question, K = prompts->n_nodoc_prefix;
+    int max_question;
     every.n_answers = answer_prompts(prompts, &max_question);
-    /* the same cap for all three: where the context ends after the document (or the prefix) */
-    int room = m->config.seq_len - (doc->n > K ? doc->n : K) - max_question;
+    /* the same cap for all three: where the context ends after the documents (or the prefix) */
+    int room = m->config.seq_len - tokens_before(full, prompts) - max_question;
     int cap = prompts->answer_cap < room ? prompts->answer_cap : room;
     if (every.n_answers > 0 && cap < 1) {
         fprintf(stderr, "error: the document (%d tokens) and the longest question (%d) leave no room for an answer "
-                "in the context of %d\n", doc->n, max_question, m->config.seq_len);
+                "in the context of %d\n", document_length(full), max_question, m->config.seq_len);
         return -1;
     }
     every.answer_cap = cap > 0 ? cap : 1;
     every.answer_prompt = xmalloc((every.n_answers + 1) * sizeof(int));
     every.answer_len = xmalloc(((size_t)every.n_answers * 3 + 1) * sizeof(int));
     every.answer_tokens = xmalloc(((size_t)every.n_answers * 3 * every.answer_cap + 1) * sizeof(int));
-    int rc = every.n_answers > 0 ? answer_rollouts(m, doc, ms, prompts, max_question, cap, &every) : 0;
+    int rc = every.n_answers > 0 ? answer_rollouts(m, full, nectar, prompts, max_question, cap, &every) : 0;
     for (int k = 0; k < EVAL_SPLITS && rc == 0; k++) split_answers(prompts, &every, k, &split[k]);
     evalresult_free(&every);
     return rc;
@@ -647,12 +672,11 @@ static int drift_bin(int t) {
 
 /* The chosen prompts' questions and the full cache's greedy continuations
  * of `length` tokens (no stop) after them, into seqs (n, stride). */
-static int drift_continuations(const Model *m, const DocCache *doc, const PromptSet *p, const int *chosen, int n,
+static int drift_continuations(const Model *m, const Document *full, const PromptSet *p, const int *chosen, int n,
                                int max_question, int length, int *seqs, int stride) {
-    Document full = {DOC_EXACT, doc->n, doc, NULL, NULL};
     RunState s;
     int block = max_question > ROLLOUT_BATCH ? max_question : ROLLOUT_BATCH, rc = 0;
-    runstate_alloc_seqs(&s, m, &full, block, stride, ROLLOUT_BATCH);
+    runstate_alloc_seqs(&s, m, full, block, stride, ROLLOUT_BATCH);
     Rollout batch[ROLLOUT_BATCH];
     EvalProgress progress = eval_progress_start("drift: the full cache's continuations, batches",
                                                 (n + ROLLOUT_BATCH - 1) / ROLLOUT_BATCH);
@@ -664,7 +688,7 @@ static int drift_continuations(const Model *m, const DocCache *doc, const Prompt
             memcpy(seq, p->tokens + p->offsets[i], nq * sizeof(int));
             batch[j] = (Rollout){seq, nq, length, seq + nq, 0};
         }
-        rc = rollouts(m, &s, &full, (int[2]){-1, -1}, NULL, batch, count);  /* no stop: each runs to `length` */
+        rc = rollouts(m, &s, full, (int[2]){-1, -1}, NULL, batch, count);  /* no stop: each runs to `length` */
         eval_progress_step(&progress);
     }
     eval_progress_end(&progress);
@@ -675,11 +699,11 @@ static int drift_continuations(const Model *m, const DocCache *doc, const Prompt
 /* Each continuation teacher-forced through the three models: position t's
  * predictions into bin drift_bin(t), each sequence a cluster of the
  * bins' intervals. */
-static int drift_measure(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *p,
+static int drift_measure(const Model *m, const Document *full, const Document *nectar, const PromptSet *p,
                          const int *chosen, const int *seqs, int stride, int length, DriftResult *r) {
     int L = m->config.n_layers, H = m->config.n_heads, V = m->config.vocab_size, rc = 0;
     Evaluation e;
-    evaluation_start(&e, m, doc, ms, p, stride);
+    evaluation_start(&e, m, full, nectar, p, stride);
     Sums seq_bins[DRIFT_MAX_BINS], bins[DRIFT_MAX_BINS];
     for (int b = 0; b < r->n_bins; b++) { sums_alloc(&seq_bins[b], L, H); sums_alloc(&bins[b], L, H); }
     EvalProgress progress = eval_progress_start("drift: teacher-forced continuations", r->n_seqs);
@@ -707,20 +731,20 @@ static int drift_measure(const Model *m, const DocCache *doc, const ModuleSet *m
     return rc;
 }
 
-int drift_profile(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts, int length,
+int drift_profile(const Model *m, const Document *full, const Document *nectar, const PromptSet *prompts, int length,
                   int n_seqs, DriftResult *r) {
     const Config *c = &m->config;
-    int K = prompts->n_nodoc_prefix, max_question = 1, n = 0;
+    int max_question = 1, n = 0;
     memset(r, 0, sizeof(*r));
-    if (evaluation_check(m, doc, ms, prompts, promptset_max_len(prompts)) != 0) return -1;
+    if (evaluation_check(m, full, nectar, prompts, promptset_max_len(prompts)) != 0) return -1;
     int *chosen = xmalloc((prompts->n_prompts + 1) * sizeof(int));
     for (int i = 0; prompts->question_len && i < prompts->n_prompts && n < n_seqs; i++) {
         if (prompts->question_len[i] == 0) continue;
         chosen[n++] = i;
         if (prompts->question_len[i] > max_question) max_question = prompts->question_len[i];
     }
-    /* what the context leaves after the document (or the prefix) and the longest question */
-    int room = c->seq_len - (doc->n > K ? doc->n : K) - max_question;
+    /* what the context leaves after the documents (or the prefix) and the longest question */
+    int room = c->seq_len - tokens_before(full, prompts) - max_question;
     if (length > room) length = room;
     if (n == 0 || length < 2) {
         fprintf(stderr, "error: drift needs held-out prompts with a question part and room after them in the "
@@ -738,8 +762,8 @@ int drift_profile(const Model *m, const DocCache *doc, const ModuleSet *ms, cons
     }
     int stride = max_question + length;
     int *seqs = xmalloc((size_t)n * stride * sizeof(int));
-    int rc = drift_continuations(m, doc, prompts, chosen, n, max_question, length, seqs, stride);
-    if (rc == 0) rc = drift_measure(m, doc, ms, prompts, chosen, seqs, stride, length, r);
+    int rc = drift_continuations(m, full, prompts, chosen, n, max_question, length, seqs, stride);
+    if (rc == 0) rc = drift_measure(m, full, nectar, prompts, chosen, seqs, stride, length, r);
     free(seqs); free(chosen);
     return rc;
 }

@@ -48,9 +48,13 @@ typedef struct {
  * each split (prompts->split) into split[k]: EVAL_RANDOM every self-study
  * prompt held out (SPLIT_RANDOM and SPLIT_CHALLENGE), EVAL_CHALLENGE those
  * least like the training prompts, EVAL_TASKS the evaluation-only tasks.
- * Returns -1 with a message if the modules' outputs are not finite. */
+ * `full` is the reference (a document's KV cache, or a composition of
+ * documents), `nectar` the same documents with modules standing in for
+ * some or all of them. The module fit (score and target MSE, RTE) is
+ * measured where both are one document, else NaN (n_queries 0). Returns -1
+ * with a message if the modules' outputs are not finite. */
 enum { EVAL_RANDOM, EVAL_CHALLENGE, EVAL_TASKS, EVAL_SPLITS };
-int  evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts,
+int  evaluate(const Model *m, const Document *full, const Document *nectar, const PromptSet *prompts,
               EvalResult split[EVAL_SPLITS]);
 /* Generations, many at once: rollout k writes tokens after its question (at
  * local position 0 of sequence j, its place among those with a question and
@@ -106,7 +110,7 @@ typedef struct {
     double kl_ci[DRIFT_MAX_BINS][2];             /* Nectar's KL, the sequences as clusters */
     double agree[DRIFT_MAX_BINS], agree_nodoc[DRIFT_MAX_BINS];
 } DriftResult;
-int drift_profile(const Model *m, const DocCache *doc, const ModuleSet *ms, const PromptSet *prompts, int length,
+int drift_profile(const Model *m, const Document *full, const Document *nectar, const PromptSet *prompts, int length,
                   int n_seqs, DriftResult *r);
 
 /* ------------------------------------------------------------------------ */

@@ -390,7 +390,8 @@ typedef struct {
     int64_t n_heldout_tokens;
     int32_t chat;             /* 1: the document was framed as a chat turn (--chat) */
     int32_t answer_cap, answer_stop[2], n_nodoc_prefix;  /* the held-out prompts' (PromptSet) */
-    uint8_t pad[128 - 100];
+    int32_t later;            /* 1: fitted as a later document of a composition (--later-document) */
+    uint8_t pad[128 - 104];
 } ModuleFileHeader;
 _Static_assert(sizeof(ModuleFileHeader) == 128, "module file header is 128 bytes");
 
@@ -405,6 +406,7 @@ int moduleset_save(const ModuleSet *s, const char *path) {
     h.model_fingerprint = s->model_fingerprint; h.doc_fingerprint = s->doc_fingerprint;
     h.n_params = s->n_params;
     h.chat = s->chat;
+    h.later = s->later;
     const PromptSet *p = &s->heldout;
     h.n_heldout = p->n_prompts;
     h.n_heldout_tokens = p->n_prompts ? p->offsets[p->n_prompts] : 0;
@@ -450,6 +452,7 @@ static const char *module_header_problem(const ModuleFileHeader *h) {
         return "its dimensions are out of range";
     if (!(h->rho > 0.0f && h->rho <= 1e6f)) return "its budget rho is not a number in (0, 1e6]";
     if (h->chat != 0 && h->chat != 1) return "its chat flag is neither 0 nor 1";
+    if (h->later != 0 && h->later != 1) return "its later-document flag is neither 0 nor 1";
     if (h->n_heldout > 0 && (h->answer_cap < 1 || h->answer_cap > (1 << 20) || h->answer_stop[0] < -1 ||
                              h->answer_stop[1] < -1))
         return "its held-out prompts' answer cap or stop tokens are out of range";
@@ -539,7 +542,7 @@ static const char *read_modules(ModuleSet *s, const ModuleFileHeader *h, const u
     if (model_fp && h->model_fingerprint != model_fp) why = "it was fitted to a different model; refusing to use it";
     else if (doc_fp && h->doc_fingerprint != doc_fp) why = "it was fitted to a different document; refusing to use it";
     if (why) { moduleset_free(s); return why; }
-    s->n_doc = h->n_doc; s->rho = h->rho; s->chat = h->chat != 0;
+    s->n_doc = h->n_doc; s->rho = h->rho; s->chat = h->chat != 0; s->later = h->later != 0;
     s->model_fingerprint = h->model_fingerprint; s->doc_fingerprint = h->doc_fingerprint;
     for (int i = 0; i < count; i++) s->modules[i].input_scale = table[i].input_scale;
     const unsigned char *at = buf + sizeof(*h) + table_bytes;

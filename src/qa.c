@@ -214,21 +214,20 @@ static void choose(const Questions *q, const PromptSet *p, QaResult *r, int k) {
     }
 }
 
-int qa_evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const Questions *q,
+int qa_evaluate(const Model *m, const Document *full, const Document *nectar, const Questions *q,
                 const PromptSet *p, QaResult *r) {
     memset(r, 0, sizeof(*r));
     r->n = q->n;
     r->n_options = p->n_prompts;
-    r->has_nectar = ms != NULL;
+    r->has_nectar = nectar != NULL;
     r->choice = xmalloc((size_t)QA_RUNS * q->n * sizeof(int));
     r->sum = xmalloc((size_t)QA_RUNS * r->n_options * sizeof(double));
     r->mean = xmalloc((size_t)QA_RUNS * r->n_options * sizeof(double));
-    Document full = {DOC_EXACT, doc->n, doc, NULL, NULL}, nectar = {DOC_NECTAR, ms ? ms->n_doc : 0, NULL, ms, NULL};
-    const Document *runs[QA_RUNS] = {&full, &nectar, NULL};  /* NULL: no document */
+    const Document *runs[QA_RUNS] = {full, nectar, NULL};  /* NULL: no document */
     static const char *const names[QA_RUNS] = {"questions, full cache", "questions, Nectar",
                                                "questions, no document"};
     for (int k = 0; k < QA_RUNS; k++) {
-        if (k == QA_NECTAR && !ms) continue;
+        if (k == QA_NECTAR && !nectar) continue;
         if (answer_loglik(m, runs[k], p, names[k], r->sum + (size_t)k * r->n_options) != 0) return -1;
         choose(q, p, r, k);
     }

@@ -64,9 +64,11 @@ typedef struct {
     int n_options;
 } QaResult;
 
-/* Scores every option with the full cache (doc), the modules (ms; NULL:
- * not run) and no document. 0, or -1 after a sentence. */
-int  qa_evaluate(const Model *m, const DocCache *doc, const ModuleSet *ms, const Questions *q,
+/* Scores every option with the full cache (full: a document's KV cache, or
+ * a composition of documents), Nectar (the same documents with modules
+ * standing in for some or all; NULL: not run) and no document. 0, or -1
+ * after a sentence. */
+int  qa_evaluate(const Model *m, const Document *full, const Document *nectar, const Questions *q,
                  const PromptSet *p, QaResult *r);
 void qaresult_free(QaResult *r);
 /* Accuracy and agreement with their 95% Wilson intervals: a table, or a

@@ -465,9 +465,10 @@ static int *encode_text(const Tokenizer *t, const char *text, int bos, int max, 
     return ids;
 }
 
-int *encode_document(const Tokenizer *t, const char *text, int chat, int max, int *n) {
-    char *framed = chat ? chat_document(t, text) : NULL;
-    int *ids = encode_text(t, framed ? framed : text, 1, max, n);
+int *encode_document(const Tokenizer *t, const char *text, int chat, int later, int max, int *n) {
+    const char *parts[] = {text, text[0] ? "\n\n" : ""};
+    char *framed = !chat ? NULL : later ? join(parts, 2) : chat_document(t, text);
+    int *ids = encode_text(t, framed ? framed : text, !later, max, n);
     free(framed);
     return ids;
 }
@@ -499,7 +500,7 @@ static int control_token(const Tokenizer *t, const char *text, int fallback) {
 }
 
 void answer_conventions(const Tokenizer *t, int chat, PromptSet *p) {
-    int n = 1, *prefix = t ? encode_document(t, "", chat, MAX_NODOC_PREFIX, &n) : NULL;
+    int n = 1, *prefix = t ? encode_document(t, "", chat, 0, MAX_NODOC_PREFIX, &n) : NULL;
     free(p->nodoc_prefix);
     p->nodoc_prefix = prefix ? prefix : xmalloc(sizeof(int));
     p->n_nodoc_prefix = prefix ? n : 1;

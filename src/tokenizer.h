@@ -63,8 +63,11 @@ char *chat_prompt(const Tokenizer *t, const char *question, int after_document);
 /* The ids of a document's text (framed as a chat turn when chat), BOS first
  * where the tokenizer adds one; of a prompt, BOS first only when it starts
  * the sequence (no document before it). At most max ids; NULL after a
- * sentence; malloc'd. */
-int *encode_document(const Tokenizer *t, const char *text, int chat, int max, int *n);
+ * sentence; malloc'd. A later document of a composition (later 1: it
+ * follows other documents in the same sequence) continues their text: no
+ * BOS and, with chat, no turn opening ("{document}\n\n", the user's turn
+ * going on). */
+int *encode_document(const Tokenizer *t, const char *text, int chat, int later, int max, int *n);
 int *encode_prompt(const Tokenizer *t, const char *text, int chat, int after_document, int max, int *n);
 /* A prompt set's conventions (PromptSet): its answers end with a chat
  * model's `<|im_end|>` or `<|endoftext|>` (EOS where the vocabulary has

@@ -1304,11 +1304,11 @@ static void test_evaluate_metrics_match_definitions(void) {
             for (int k = 0; k < d; k++) ms.modules[i].params[(size_t)(NDOC + j) * d + k] += u[(size_t)i * d + k];
 
     EvalResult split[EVAL_SPLITS];
-    check("evaluate runs", evaluate(&m, &cache, &ms, &prompts, split) == 0);
+    Document nectar = {DOC_NECTAR, NDOC, NULL, &ms, NULL};
+    check("evaluate runs", evaluate(&m, &full, &nectar, &prompts, split) == 0);
     const EvalResult r = split[EVAL_RANDOM];
 
     /* the same quantities from forward passes of our own */
-    Document nectar = {DOC_NECTAR, NDOC, NULL, &ms, NULL};
     RunState sn;
     runstate_alloc(&sn, &m, &nectar, MAXLEN, MAXLEN);
     double kl = 0, kl_reverse = 0, hits_full = 0, hits_nectar = 0, agree = 0, positions = 0, target_mse = 0;
@@ -1547,7 +1547,8 @@ static void check_split_alone(const Model *m, const DocCache *cache, const Modul
     alone.n_prompts = n; alone.offsets = offsets; alone.tokens = tokens;
     alone.question_len = question_len; alone.split = marked;
     EvalResult split[EVAL_SPLITS], *a = &split[k];
-    int ran = evaluate(m, cache, ms, &alone, split) == 0;
+    Document full = {DOC_EXACT, cache->n, cache, NULL, NULL}, nectar = {DOC_NECTAR, ms->n_doc, NULL, ms, NULL};
+    int ran = evaluate(m, &full, &nectar, &alone, split) == 0;
     int L = m->config.n_layers;
     int ok = ran && a->n_prompts == got->n_prompts && a->n_positions == got->n_positions &&
          a->n_queries == got->n_queries && a->acc_full == got->acc_full && a->acc_nectar == got->acc_nectar &&
@@ -1629,7 +1630,7 @@ static void test_answer_metrics_match_definitions(const char *name, int n_doc, f
         }
     Document runs[3] = {full, {DOC_NECTAR, n_doc, NULL, &ms, NULL}, NO_DOCUMENT};
     EvalResult r[EVAL_SPLITS];
-    check("evaluate runs", evaluate(&m, &cache, &ms, &prompts, r) == 0);
+    check("evaluate runs", evaluate(&m, &runs[0], &runs[1], &prompts, r) == 0);
     for (int split = 0; split < EVAL_SPLITS; split++) {
         AnswerCount a = count_answers(&m, runs, &prompts, split, &r[split]);
         check_answer_split(&r[split], &a, split, n_doc, expect_oracle);
@@ -1672,7 +1673,8 @@ static void test_drift_bins_with_oracle_modules(void) {
     quad_init_from_cache(&ms, &cache);
     ms.n_doc = N_DOC;
     DriftResult r;
-    int ok = drift_profile(&m, &cache, &ms, &prompts, 1000, 3, &r) == 0;
+    Document full = {DOC_EXACT, N_DOC, &cache, NULL, NULL}, nectar = {DOC_NECTAR, N_DOC, NULL, &ms, NULL};
+    int ok = drift_profile(&m, &full, &nectar, &prompts, 1000, 3, &r) == 0;
     int room = c->seq_len - N_DOC - 5;  /* the longest question of the three chosen: 5 */
     check("drift runs; a length beyond the context is shortened to the room", ok && r.length == room);
     long want[DRIFT_MAX_BINS] = {0}, total = 0;
@@ -1701,7 +1703,7 @@ static void test_drift_bins_with_oracle_modules(void) {
     PromptSet full_context = prompts;
     full_context.question_len = long_question; full_context.offsets = long_offsets; full_context.tokens = long_tokens;
     fprintf(stderr, "    (one refusal expected below)\n");
-    check("no room after the question: refused", drift_profile(&m, &cache, &ms, &full_context, 10, 3, &r) != 0);
+    check("no room after the question: refused", drift_profile(&m, &full, &nectar, &full_context, 10, 3, &r) != 0);
     free(long_tokens);
     moduleset_free(&ms);
     doccache_free(&cache);

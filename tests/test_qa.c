@@ -123,7 +123,7 @@ static void test_scores_against_naive(void) {
         return;
     }
     char *doc_text = read_text_file("data/doc.txt");
-    int n_doc, *doc = encode_document(&t, doc_text, 0, m.config.seq_len, &n_doc);
+    int n_doc, *doc = encode_document(&t, doc_text, 0, 0, m.config.seq_len, &n_doc);
     write_file(TMP, "? \\nQ: Where does Roustul Gom live?\\nA:\n- Kesma.\\n\n+ Shoupeipou.\\n\n- Troubei.\\n\n\n"
                     "? \\nQ: How many pigs does Lustom Pe keep?\\nA:\n+ 26.\\n\n- 18.\\n\n- 7.\\n\n");
     Questions q;
@@ -173,7 +173,7 @@ static void test_scores_against_naive(void) {
         if (r == 1) check("half the document's pairs change the scores (so a wrong state would show)", gap > 1e-2);
     }
     QaResult res;
-    qa_evaluate(&m, &cache, &ms, &q, &p, &res);
+    qa_evaluate(&m, &full, &nectar, &q, &p, &res);
     int best = 0;
     for (int o = 1; o < 3; o++) if (res.mean[o] > res.mean[best]) best = o;
     check("the choice is the option of highest mean log-probability per token", res.choice[0] == best);

@@ -18,6 +18,13 @@ fail() { printf '  %-60s FAIL\n' "$1"; failed=$((failed + 1)); }
 json() { sed -E "s/.*\"$2\": \{([^}]*)\}.*/\1/; s/.*\"$3\": ([-0-9.e+]+).*/\1/" "$1"; }
 # awk-evaluated condition, e.g. is "0.1 < 0.5 * 0.4"
 is() { awk "BEGIN { exit !($1) }"; }
+# expect_refusal NAME PATTERN CMD...: exit 1 with "error: ...PATTERN"
+expect_refusal() {
+    local name=$1 pattern=$2; shift 2
+    "$@" > /dev/null 2> "$tmp/err"
+    local rc=$?
+    [ $rc -eq 1 ] && grep -q "^error: .*$pattern" "$tmp/err" && ok "$name" || { fail "$name (exit $rc)"; cat "$tmp/err"; }
+}
 
 echo "train and infer end to end ($bin)"
 ./tests/random_model "$tmp/model.bin" 64 160 3 8 2 300 256 1 0.15 2> /dev/null
@@ -174,6 +181,52 @@ pairs=$(awk '$1 == "0" && NF == 6 { print $3 }' "$tmp/q53.txt")
 "$bin/infer" -m "$tmp/model.bin" -k "$tmp/fit.nectar" -I "$tmp/prompt.ids" -n 8 -t 0 --ids > "$tmp/nectar.ids" 2> /dev/null
 sed -n 4p "$tmp/cmp" | cmp -s - "$tmp/nectar.ids" && ok "-k alone (no document at all) generates what --compare's Nectar did" || fail "-k alone"
 
+# compositions: two short documents, each prefilled on its own, the second after the first; oracle modules
+# (quadrature, rho 1, at initialisation: W = K, Z = V) of each, the second fitted as a later document, stand in
+# for them exactly: the same greedy tokens as the exact composition, KL 0 and agreement 1 on each one's held-out
+# prompts; mixed (one exact, one by modules) too. The true concatenation (--joined: the second document's
+# prefill attends to the first) is another reference, and the measure sees the difference.
+awk 'BEGIN { srand(6); for (i = 0; i < 60; i++) printf "%d ", 3 + int(rand() * 290) }' > "$tmp/first.ids"
+awk 'BEGIN { srand(7); for (i = 0; i < 50; i++) printf "%d ", 3 + int(rand() * 290) }' > "$tmp/second.ids"
+train -D "$tmp/first.ids" -o "$tmp/first.nectar" --arch quad --rho 1 --steps 0 > /dev/null 2>&1
+train -D "$tmp/second.ids" --later-document -o "$tmp/second.nectar" --arch quad --rho 1 --steps 0 > /dev/null 2>&1
+docs=(-D "$tmp/first.ids" -D "$tmp/second.ids")
+"$bin/infer" -m "$tmp/model.bin" "${docs[@]}" -k "$tmp/first.nectar" -k "$tmp/second.nectar" -I "$tmp/prompt.ids" \
+    --compare -n 12 -t 0 --ids > "$tmp/cmp2" 2> "$tmp/log" || cat "$tmp/log"
+[ -n "$(sed -n 2p "$tmp/cmp2")" ] && [ "$(sed -n 2p "$tmp/cmp2")" = "$(sed -n 4p "$tmp/cmp2")" ] \
+    && ok "two documents, oracle modules: --compare's Nectar tokens = exact" || fail "composition --compare: $(cat "$tmp/cmp2")"
+"$bin/infer" -m "$tmp/model.bin" "${docs[@]}" -k "$tmp/second.nectar" -I "$tmp/prompt.ids" -n 12 -t 0 --ids \
+    > "$tmp/mixed.ids" 2> /dev/null
+sed -n 2p "$tmp/cmp2" | cmp -s - "$tmp/mixed.ids" && ok "mixed (first exact, second by modules): the exact tokens" \
+    || fail "mixed composition: $(cat "$tmp/mixed.ids")"
+"$bin/infer" -m "$tmp/model.bin" "${docs[@]}" -k "$tmp/second.nectar" -k "$tmp/first.nectar" --eval --json \
+    > "$tmp/eval2.json" 2> "$tmp/log" || cat "$tmp/log"
+kls=$(grep -o '"random": {[^}]*' "$tmp/eval2.json" | sed -E 's/.*"kl": ([-0-9.e+]+).*/\1/' | tr '\n' ' ')
+agrees=$(grep -o '"random": {[^}]*' "$tmp/eval2.json" | sed -E 's/.*"agree": ([-0-9.e+]+).*/\1/' | tr '\n' ' ')
+echo "    two documents, oracle modules: held-out KL $kls, agreement $agrees (each module file's prompts)"
+set -- $kls; k1=${1:-1} k2=${2:-1}; set -- $agrees
+grep -q '"modules": \[{"module": ' "$tmp/eval2.json" && grep -q '"score_mse": null' "$tmp/eval2.json" && \
+    is "$k1 < 1e-9 && $k2 < 1e-9 && ${1:-0} == 1 && ${2:-0} == 1" \
+    && ok "--eval of a composition: each module's prompts, KL 0, agreement 1" || fail "composition --eval"
+"$bin/infer" -m "$tmp/model.bin" "${docs[@]}" -k "$tmp/first.nectar" -k "$tmp/second.nectar" --joined --eval \
+    --json > "$tmp/joined.json" 2> "$tmp/log" || cat "$tmp/log"
+kj=$(grep -o '"random": {[^}]*' "$tmp/joined.json" | head -n 1 | sed -E 's/.*"kl": ([-0-9.e+]+).*/\1/')
+echo "    KL(joined prefill || documents apart) on the first module's prompts: $kj"
+is "${kj:-0} > 1e-4" && ok "--joined: the true concatenation differs from documents prefilled apart" || fail "--joined: '$kj'"
+expect_refusal "a later document's modules first are refused" "fitted as a later document" \
+    "$bin/infer" -m "$tmp/model.bin" -k "$tmp/second.nectar" -I "$tmp/prompt.ids"
+expect_refusal "a first document's modules second are refused" "fitted as a first document" \
+    "$bin/infer" -m "$tmp/model.bin" -k "$tmp/first.nectar" -k "$tmp/first.nectar" -I "$tmp/prompt.ids"
+expect_refusal "--eval of modules without their document's text is refused" "text is not given" \
+    "$bin/infer" -m "$tmp/model.bin" -D "$tmp/first.ids" -k "$tmp/first.nectar" -k "$tmp/second.nectar" --eval
+expect_refusal "--joined of one document is refused" "two or more" \
+    "$bin/infer" -m "$tmp/model.bin" -D "$tmp/first.ids" -I "$tmp/prompt.ids" --joined
+expect_refusal "--drift of two module files is refused" "one -k" \
+    "$bin/infer" -m "$tmp/model.bin" "${docs[@]}" -k "$tmp/first.nectar" -k "$tmp/second.nectar" --eval --drift 8
+expect_refusal "a composition of nine documents is refused" "more than 8 documents" \
+    "$bin/infer" -m "$tmp/model.bin" $(for i in 1 2 3 4 5 6 7 8 9; do printf -- '-D %s ' "$tmp/prompt.ids"; done) \
+    -I "$tmp/prompt.ids"
+
 # answers: the --prompt-ids lines are questions; their held-out ones get greedy rollouts (no tokenizer, so no
 # newline stop: each answer runs to --answer-len tokens) in train's JSON and table, infer --eval and --answers
 awk 'BEGIN { srand(5); for (i = 0; i < 30; i++) { for (j = 0; j < 4; j++) printf "%d ", 3 + int(rand() * 290); print "" } }' \
@@ -269,12 +322,6 @@ sys.exit(not all(t[k] == f[k] for k in same) or t["kl"] == f["kl"])' "$tmp/et.js
 fi
 
 # refusals: another document, another model, truncated or corrupt files
-expect_refusal() {
-    local name=$1 pattern=$2; shift 2
-    "$@" > /dev/null 2> "$tmp/err"
-    local rc=$?
-    [ $rc -eq 1 ] && grep -q "^error: .*$pattern" "$tmp/err" && ok "$name" || { fail "$name (exit $rc)"; cat "$tmp/err"; }
-}
 expect_refusal "module with another document is refused" "different document" \
     "$bin/infer" -m "$tmp/model.bin" -D "$tmp/doc2.ids" -k "$tmp/fit.nectar" -I "$tmp/prompt.ids"
 expect_refusal "module with another model is refused" "different model" \
