@@ -82,9 +82,10 @@ real-doc:  # before the model is fetched
 	@test -f $(REAL_DOC) || { echo "error: $(REAL_DOC) is missing (Debian's base-files package has it)" >&2; exit 1; }
 
 # Serving cost and speed, exact against Nectar: the default model (documents
-# of 1K..64K tokens) and, where models/ holds it, SmolLM2 (1K..8K, its
-# context) with MLP modules and with quadrature ones (train's defaults for
-# it). `make -s bench BENCH_FLAGS=--json` prints a JSON object per run.
+# of 1K..64K tokens; compositions of 1 to 3 documents of 1K) and, where
+# models/ holds it, SmolLM2 (1K..8K, its context; compositions of 2K) with
+# MLP modules and with quadrature ones (train's defaults for it).
+# `make -s bench BENCH_FLAGS=--json` prints a JSON object per run.
 bench: benchmark
 	$(call fast_blas,./benchmark) ./benchmark -m data/model.bin $(BENCH_FLAGS)
 	@if [ -f $(SMOLLM2) ]; then $(call fast_blas,./benchmark) ./benchmark -m $(SMOLLM2) --max-doc 8192 $(BENCH_FLAGS) && \

@@ -9,10 +9,12 @@
  * the pool (prefill and module fitting are reported as a fraction of it),
  * the no-document decode, the exact path. Then module fitting and the
  * amortisation of a fit, and many prompts in one forward (batched
- * rollouts against one at a time). --json prints the same as one JSON
- * object. With --gpu (a build with nvcc, `make bench-gpu`) the same on
- * the GPU against cuBLAS sgemm, and module fitting on the GPU against the
- * CPU.
+ * rollouts against one at a time). Then compositions: 1, 2 and 3
+ * documents of one length before the prompt, each read from its own KV
+ * cache or its own modules, exact against Nectar (the CPU only: the GPU
+ * takes one document). --json prints the same as one JSON object. With
+ * --gpu (a build with nvcc, `make bench-gpu`) the same on the GPU against
+ * cuBLAS sgemm, and module fitting on the GPU against the CPU.
  */
 #include "../nectar.h"
 #include "../src/cli.h"
@@ -34,6 +36,7 @@
 #include <unistd.h>
 
 enum { PROMPT = 16, DECODE = 32, BLOCK = 256, MAX_DOC = 1 << 24 };
+enum { COMPOSED = 3 };  /* the composition table: 1 .. COMPOSED documents */
 
 typedef enum { RUN_FULL_PREFILL, RUN_REUSED_CACHE, RUN_NECTAR, RUN_NO_DOC } RunKind;
 
@@ -43,8 +46,27 @@ typedef struct {
     double decode_mean_tps; /* DECODE / the time of all of them */
     double peak_mb;       /* peak resident memory of the process */
     double prefill_gflops;/* full prefill: model FLOPs / time */
-    double state_bytes;   /* the document's state: KV cache or module */
+    double prefill_ms;    /* full prefill: the documents' KV caches alone (in ttft_ms) */
+    double state_bytes;   /* the documents' state: KV caches or modules */
 } Measure;
+
+/* What one child times: n_docs documents of n tokens each, composed (1 in
+ * the serving table; none for RUN_NO_DOC), read from their KV caches or
+ * from their modules at rho. */
+typedef struct {
+    RunKind kind;
+    int n, n_docs;
+    ModuleArch arch;
+    float rho;  /* RUN_NECTAR: the modules' budget, a fraction of n */
+} RunSpec;
+
+/* A run's documents: doc[0] the composition's first (doc[i].next =
+ * &doc[i + 1]), each one's KV cache or modules beside it. */
+typedef struct {
+    DocCache cache[MAX_DOCUMENTS];
+    ModuleSet ms[MAX_DOCUMENTS];
+    Document doc[MAX_DOCUMENTS];
+} Documents;
 
 /* FLOPs of the forward of `ntok` tokens after `ctx` earlier ones, with the
  * logits of `logit_rows` of them: the matmuls, 2 per multiply-add, and
@@ -54,6 +76,11 @@ static double forward_flops(const Config *c, double ntok, double ctx, double log
     double matmul = 2.0 * ntok * (2 * D * D + 2 * D * KVD + 3 * D * F) * c->n_layers + 2.0 * logit_rows * D * c->vocab_size;
     double attention = 4.0 * D * c->n_layers * (ntok * ctx + ntok * (ntok + 1) / 2);
     return matmul + attention;
+}
+
+/* The bytes of a document's KV cache: keys and values of n tokens in every layer. */
+static double kv_bytes(const Config *c, int n) {
+    return 2.0 * sizeof(float) * c->n_layers * n * ((double)c->dim / c->n_heads * c->n_kv_heads);
 }
 
 /* The size rho gives each (layer, KV head) for a document of n tokens, as
@@ -134,50 +161,72 @@ static double median(double *x, int n) {
     return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
 }
 
-/* One configuration, in the child (which exits 1 after forward's sentence). */
-static Measure run_config(const Model *m, RunKind kind, const int *doc_ids, int n, ModuleArch arch, float rho) {
+/* A KV cache kept from an earlier request, of n tokens: only attending to
+ * it is timed, so its values are filled in (random, from seed) rather than
+ * computed by a prefill. */
+static void filled_cache(const Config *c, int n, uint64_t seed, DocCache *cache) {
+    cache->n = n;
+    cache->n_layers = c->n_layers;
+    cache->kv_dim = c->dim / c->n_heads * c->n_kv_heads;
+    size_t count = (size_t)c->n_layers * n * cache->kv_dim;  /* (L, n, kv_dim) each */
+    cache->key = xmalloc(count * sizeof(float));
+    cache->value = xmalloc(count * sizeof(float));
+    for (size_t i = 0; i < count; i++) { cache->key[i] = rng_normal(&seed); cache->value[i] = rng_normal(&seed); }
+}
+
+/* The spec's documents into ds, each at positions 0 .. n - 1 on its own
+ * (NO_DOCUMENT for none): KV caches prefilled from doc_ids (full prefill)
+ * or filled in (reused), or modules at rho. Returns the seconds of the
+ * prefills (0 but for the full prefill); *state_bytes: the caches' or the
+ * modules' bytes. Exits 1 after doccache_build's sentence. */
+static double set_up_documents(const Model *m, const RunSpec *spec, const int *doc_ids, Documents *ds,
+                               double *state_bytes) {
+    const Config *c = &m->config;
+    memset(ds, 0, sizeof *ds);
+    ds->doc[0] = NO_DOCUMENT;
+    *state_bytes = 0;
+    double t0 = now_seconds();
+    for (int i = 0; spec->kind != RUN_NO_DOC && i < spec->n_docs; i++) {
+        const Document *next = i + 1 < spec->n_docs ? &ds->doc[i + 1] : NULL;
+        if (spec->kind == RUN_NECTAR) {
+            bench_modules(c, spec->arch, spec->n, spec->rho, 0, &ds->ms[i]);
+            ds->doc[i] = (Document){DOC_NECTAR, spec->n, NULL, &ds->ms[i], next};
+            *state_bytes += ds->ms[i].n_params * sizeof(float);
+            continue;
+        }
+        if (spec->kind == RUN_FULL_PREFILL && doccache_build(&ds->cache[i], m, doc_ids, spec->n, BLOCK) != 0) _exit(1);
+        if (spec->kind == RUN_REUSED_CACHE) filled_cache(c, spec->n, 5 + i, &ds->cache[i]);
+        ds->doc[i] = (Document){DOC_EXACT, spec->n, &ds->cache[i], NULL, next};
+        *state_bytes += kv_bytes(c, spec->n);
+    }
+    return spec->kind == RUN_FULL_PREFILL ? now_seconds() - t0 : 0;
+}
+
+/* One configuration, in the child (which exits 1 after forward's sentence):
+ * the prompt after the spec's documents, then DECODE tokens one at a time. */
+static Measure run_config(const Model *m, const RunSpec *spec, const int *doc_ids) {
     const Config *c = &m->config;
     Measure r = {0};
     int prompt[PROMPT + DECODE];
     for (int i = 0; i < PROMPT + DECODE; i++) prompt[i] = 3 + (i * 37) % 250;
-    DocCache cache = {0};
-    ModuleSet ms = {0};
-    Document doc = NO_DOCUMENT;
-    double t0 = now_seconds();
-    if (kind == RUN_FULL_PREFILL) {
-        if (doccache_build(&cache, m, doc_ids, n, BLOCK) != 0) _exit(1);
-    } else if (kind == RUN_REUSED_CACHE) {
-        /* a cache kept from an earlier request: only attending to it is timed,
-         * so its values are filled in rather than computed by a prefill */
-        cache.n = n;
-        cache.n_layers = c->n_layers;
-        cache.kv_dim = c->dim / c->n_heads * c->n_kv_heads;
-        size_t count = (size_t)c->n_layers * n * cache.kv_dim;
-        cache.key = xmalloc(count * sizeof(float));
-        cache.value = xmalloc(count * sizeof(float));
-        uint64_t rng = 5;
-        for (size_t i = 0; i < count; i++) { cache.key[i] = rng_normal(&rng); cache.value[i] = rng_normal(&rng); }
-    }
-    if (kind == RUN_REUSED_CACHE || kind == RUN_FULL_PREFILL) {
-        doc = (Document){DOC_EXACT, n, &cache, NULL, NULL};
-        r.state_bytes = 2.0 * sizeof(float) * c->n_layers * n * cache.kv_dim;
-    } else if (kind == RUN_NECTAR) {
-        bench_modules(c, arch, n, rho, 0, &ms);
-        doc = (Document){DOC_NECTAR, n, NULL, &ms, NULL};
-        r.state_bytes = ms.n_params * sizeof(float);
-    }
-    if (kind != RUN_FULL_PREFILL) t0 = now_seconds();  /* a reused cache is already there */
+    Documents ds;
+    double t0 = now_seconds(), prefill_s = set_up_documents(m, spec, doc_ids, &ds, &r.state_bytes);
+    if (spec->kind != RUN_FULL_PREFILL) t0 = now_seconds();  /* a reused cache (or modules) is already there */
+    const Document *doc = &ds.doc[0];
     RunState s;
-    runstate_alloc(&s, m, &doc, PROMPT, PROMPT + DECODE);
-    if (forward(m, &s, &doc, prompt, PROMPT, 0, LOGITS_LAST) != 0) _exit(1);
+    runstate_alloc(&s, m, doc, PROMPT, PROMPT + DECODE);
+    if (forward(m, &s, doc, prompt, PROMPT, 0, LOGITS_LAST) != 0) _exit(1);
     double t1 = now_seconds();
     r.ttft_ms = (t1 - t0) * 1e3;
-    if (kind == RUN_FULL_PREFILL)
-        r.prefill_gflops = (forward_flops(c, n, 0, 0) + forward_flops(c, PROMPT, n, 1)) / (t1 - t0) / 1e9;
+    if (spec->kind == RUN_FULL_PREFILL) {
+        r.prefill_ms = prefill_s * 1e3;
+        r.prefill_gflops = (spec->n_docs * forward_flops(c, spec->n, 0, 0) +
+                            forward_flops(c, PROMPT, (double)spec->n_docs * spec->n, 1)) / (t1 - t0) / 1e9;
+    }
     double token_s[DECODE];  /* each decode step's time */
     for (int i = 0; i < DECODE; i++) {
         double t = now_seconds();
-        if (forward(m, &s, &doc, &prompt[PROMPT + i], 1, PROMPT + i, LOGITS_LAST) != 0) _exit(1);
+        if (forward(m, &s, doc, &prompt[PROMPT + i], 1, PROMPT + i, LOGITS_LAST) != 0) _exit(1);
         token_s[i] = now_seconds() - t;
     }
     r.decode_mean_tps = DECODE / (now_seconds() - t1);
@@ -186,13 +235,15 @@ static Measure run_config(const Model *m, RunKind kind, const int *doc_ids, int 
     getrusage(RUSAGE_SELF, &ru);
     r.peak_mb = ru.ru_maxrss / 1024.0;
     runstate_free(&s);
-    doccache_free(&cache);
-    moduleset_free(&ms);
+    for (int i = 0; i < MAX_DOCUMENTS; i++) {
+        doccache_free(&ds.cache[i]);
+        moduleset_free(&ds.ms[i]);
+    }
     return r;
 }
 
 /* Runs one configuration in a child process and reads its result back. */
-static Measure measure(const Model *m, RunKind kind, const int *doc_ids, int n, ModuleArch arch, float rho) {
+static Measure measure(const Model *m, RunSpec spec, const int *doc_ids) {
     int fd[2];
     Measure r = {0};
     if (pipe(fd) != 0) { perror("pipe"); exit(1); }
@@ -201,7 +252,7 @@ static Measure measure(const Model *m, RunKind kind, const int *doc_ids, int n, 
     if (pid < 0) { perror("fork"); exit(1); }
     if (pid == 0) {
         close(fd[0]);
-        r = run_config(m, kind, doc_ids, n, arch, rho);
+        r = run_config(m, &spec, doc_ids);
         ssize_t wrote = write(fd[1], &r, sizeof r);
         _exit(wrote == (ssize_t)sizeof r ? 0 : 1);
     }
@@ -308,11 +359,6 @@ static double stream_gbs(void) {
 static double weight_bytes_per_token(const Config *c) {
     double D = c->dim, F = c->hidden_dim, KVD = (double)c->dim / c->n_heads * c->n_kv_heads, L = c->n_layers;
     return sizeof(float) * (L * (2 * D * D + 2 * D * KVD + 3 * D * F) + (double)c->vocab_size * D + (2 * L + 2) * D);
-}
-
-/* The bytes of a document's KV cache: keys and values of n tokens in every layer. */
-static double kv_bytes(const Config *c, int n) {
-    return 2.0 * sizeof(float) * c->n_layers * n * ((double)c->dim / c->n_heads * c->n_kv_heads);
 }
 
 /* Module fitting throughput: forward + backward of a batch of N queries
@@ -572,7 +618,9 @@ static int bench_gpu(const Model *host, const char *model_path, ModuleArch arch,
 static void usage(FILE *f) {
     fprintf(f, "usage: benchmark -m MODEL [--max-doc N] [--min-doc N] [--arch mlp|quad] [--json] [--gpu]\n"
                "  -m MODEL  a llama2.c checkpoint or GGUF file whose vocabulary holds ids 0..258\n"
-               "  document lengths from --min-doc (default 1024) to --max-doc (default 65536), doubling\n"
+               "  document lengths from --min-doc (default 1024) to --max-doc (default 65536), doubling; then\n"
+               "  compositions of 1 to 3 documents (CPU) of the longest of those lengths of which 3 fit\n"
+               "  --max-doc and the model's context (else --min-doc)\n"
                "  --arch    the Nectar modules timed: MLPs (1,1,1) of the width rho allows (mlp, the default)\n"
                "            or quadrature modules of floor(rho n) pairs (quad)\n"
                "  --json    one JSON object on stdout instead of the tables (CPU)\n"
@@ -617,9 +665,21 @@ static int parse_options(int argc, char **argv, Options *o) {
     return 0;
 }
 
+/* The composition table's document length: the longest of the serving
+ * table's (min_doc, 2 min_doc, ... max_doc) whose COMPOSED documents fit
+ * --max-doc, and with the prompt and the decode the model's context; the
+ * shortest if none does (then for timing only, as the serving table's
+ * documents beyond the context). */
+static int composition_doc(const Config *c, const Options *o) {
+    int best = o->min_doc;
+    for (long n = o->min_doc; n <= o->max_doc; n *= 2)
+        if (COMPOSED * n <= o->max_doc && COMPOSED * n + PROMPT + DECODE <= c->seq_len) best = (int)n;
+    return best;
+}
+
 /* The model can run the benchmark's tokens, its smallest document fits a
- * module at rho 2%, and (on the CPU) its longest KV cache fits in half of
- * memory. */
+ * module at rho 2%, and (on the CPU) its longest KV cache, and the
+ * composition's caches, fit in half of memory. */
 static int check_sizes(const Model *m, const Options *o) {
     const Config *c = &m->config;
     if (c->vocab_size < 259) {  /* bench_document's ids */
@@ -635,12 +695,19 @@ static int check_sizes(const Model *m, const Options *o) {
         return -1;
     }
     /* the full-prefill and reused-cache runs hold the longest document's KV
-     * cache; refuse one that needs more than half of memory (it would swap) */
-    double kv_bytes = 2.0 * sizeof(float) * c->n_layers * o->max_doc * (c->dim / c->n_heads) * c->n_kv_heads;
+     * cache, or the composition's COMPOSED caches; refuse one that needs
+     * more than half of memory (it would swap) */
+    int composed = composition_doc(c, o);
+    double longest = kv_bytes(c, o->max_doc), composition = COMPOSED * kv_bytes(c, composed);
     double memory = (double)sysconf(_SC_PHYS_PAGES) * sysconf(_SC_PAGESIZE);
-    if (!o->gpu && 2 * kv_bytes > memory) {
+    if (!o->gpu && 2 * longest > memory) {
         fprintf(stderr, "error: a document of %d tokens has a KV cache of %.1f GB, more than half of this machine's "
-                "%.1f GB; lower --max-doc\n", o->max_doc, kv_bytes / 1e9, memory / 1e9);
+                "%.1f GB; lower --max-doc\n", o->max_doc, longest / 1e9, memory / 1e9);
+        return -1;
+    }
+    if (!o->gpu && 2 * composition > memory) {
+        fprintf(stderr, "error: %d documents of %d tokens have KV caches of %.1f GB, more than half of this "
+                "machine's %.1f GB; lower --min-doc\n", COMPOSED, composed, composition / 1e9, memory / 1e9);
         return -1;
     }
     return 0;
@@ -762,11 +829,11 @@ static int cpu_table(const Model *m, const Options *o, const References *r, Row 
         Row *w = &rows[n_rows++];
         w->n = n;
         row_references(&m->config, w, 0);
-        w->full = measure(m, RUN_FULL_PREFILL, doc_ids, n, o->arch, 0);
-        w->reused = measure(m, RUN_REUSED_CACHE, doc_ids, n, o->arch, 0);
-        w->n2 = measure(m, RUN_NECTAR, doc_ids, n, o->arch, 0.02f);
-        w->n10 = measure(m, RUN_NECTAR, doc_ids, n, o->arch, 0.10f);
-        w->none = measure(m, RUN_NO_DOC, doc_ids, n, o->arch, 0);
+        w->full = measure(m, (RunSpec){RUN_FULL_PREFILL, n, 1, o->arch, 0}, doc_ids);
+        w->reused = measure(m, (RunSpec){RUN_REUSED_CACHE, n, 1, o->arch, 0}, doc_ids);
+        w->n2 = measure(m, (RunSpec){RUN_NECTAR, n, 1, o->arch, 0.02f}, doc_ids);
+        w->n10 = measure(m, (RunSpec){RUN_NECTAR, n, 1, o->arch, 0.10f}, doc_ids);
+        w->none = measure(m, (RunSpec){RUN_NO_DOC, n, 0, o->arch, 0}, doc_ids);
         row_references(&m->config, w, 1);
         if (!o->json) print_row(&m->config, r, w);
         free(doc_ids);
@@ -774,6 +841,62 @@ static int cpu_table(const Model *m, const Options *o, const References *r, Row 
         if (n > o->max_doc / 2) break;  /* n * 2 would pass max_doc (or overflow) */
     }
     return n_rows;
+}
+
+/* The composition table: 1 .. COMPOSED documents of n tokens each before
+ * the prompt, exact (each document's KV cache prefilled on its own: the
+ * prefill, and TTFT with the caches reused) against Nectar (each
+ * document's modules at rho 10%), and no document, in this run. */
+typedef struct { int n_docs; Measure full, reused, n10; } ComposedRow;  /* full: for the caches' prefill */
+typedef struct { int n; Measure none; ComposedRow rows[COMPOSED]; } Composition;
+
+static void print_composition_header(const Config *c, const Options *o, int n) {
+    printf("\ncomposition: 1 to %d documents of %d tokens each before the prompt, document i at the positions after "
+           "documents 1 .. i-1; exact: each document's KV cache prefilled on its own at positions 0 .. %d, read at its "
+           "offset (TTFT with the caches already there, as \"reused KV\"; their prefill beside it); Nectar: each "
+           "document's modules at rho 10%% (%s), read at its offset; the same prompt and decode; no document in this "
+           "run\n", COMPOSED, n, n - 1, modules_named(o->arch));
+    if (COMPOSED * n + PROMPT + DECODE > c->seq_len)
+        printf("note: %d documents of %d tokens pass the model's context (%d): for timing only (RoPE runs past it)\n",
+               COMPOSED, n, c->seq_len);
+    printf("| documents | doc tokens in all | prefill of the KV caches | TTFT exact (reused KV) | TTFT Nectar 10%% "
+           "| Nectar / exact | decode tok/s exact (of no doc) | Nectar 10%% (of no doc) | Nectar / exact | KV state "
+           "| modules 10%% |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+}
+
+static void print_composed_row(const Composition *t, const ComposedRow *w) {
+    const Measure *e = &w->reused, *x = &w->n10;
+    double none = t->none.decode_tps;
+    printf("| %d | %d | %.1f ms | %.2f ms | %.2f ms | %.2fx | %.1f (%.2fx) | %.1f (%.2fx) | %.2fx | %.2f MB "
+           "| %.2f MB |\n", w->n_docs, w->n_docs * t->n, w->full.prefill_ms, e->ttft_ms, x->ttft_ms,
+           x->ttft_ms / e->ttft_ms, e->decode_tps, e->decode_tps / none, x->decode_tps, x->decode_tps / none,
+           x->decode_tps / e->decode_tps, e->state_bytes / 1e6, x->state_bytes / 1e6);
+    fflush(stdout);
+}
+
+/* Every configuration in a child process, printed as it comes unless the
+ * output is JSON; progress on stderr, its time since t_start. */
+static void composition_table(const Model *m, const Options *o, double t_start, Composition *t) {
+    t->n = composition_doc(&m->config, o);
+    int n = t->n, *doc_ids = bench_document(n);
+    if (!o->json) print_composition_header(&m->config, o, n);
+    fprintf(stderr, "composition, no document ... (%.0fs so far)\n", now_seconds() - t_start);
+    t->none = measure(m, (RunSpec){RUN_NO_DOC, n, 0, o->arch, 0}, doc_ids);
+    if (!o->json)
+        printf("| 0 (no document) | 0 | - | %.2f ms | - | - | %.1f | - | - | - | - |\n", t->none.ttft_ms,
+               t->none.decode_tps);
+    for (int k = 0; k < COMPOSED; k++) {
+        ComposedRow *w = &t->rows[k];
+        w->n_docs = k + 1;
+        fprintf(stderr, "composition of %d document%s of %d tokens ... (%.0fs so far)\n", w->n_docs,
+                w->n_docs > 1 ? "s" : "", n, now_seconds() - t_start);
+        w->full = measure(m, (RunSpec){RUN_FULL_PREFILL, n, w->n_docs, o->arch, 0}, doc_ids);
+        w->reused = measure(m, (RunSpec){RUN_REUSED_CACHE, n, w->n_docs, o->arch, 0}, doc_ids);
+        w->n10 = measure(m, (RunSpec){RUN_NECTAR, n, w->n_docs, o->arch, 0.10f}, doc_ids);
+        if (!o->json) print_composed_row(t, w);
+    }
+    free(doc_ids);
 }
 
 /* Module fitting's throughput for the rho 10% module of the longest
@@ -874,8 +997,28 @@ static void print_measure_json(const char *name, const Measure *m, const char *e
            end);
 }
 
+/* The composition table's fields: its no-document run, and a row per
+ * number of documents (the last of the object's fields). */
+static void print_composition_json(const Composition *t) {
+    printf(" ");
+    print_measure_json("composition_no_doc", &t->none, ",\n");
+    printf(" \"composition\": [\n");
+    for (int k = 0; k < COMPOSED; k++) {
+        const ComposedRow *w = &t->rows[k];
+        const Measure *e = &w->reused, *x = &w->n10;
+        printf("  {\"documents\": %d, \"doc_tokens\": %d, \"prefill_ms\": %.4g, \"nectar10_over_exact_ttft\": %.4g, "
+               "\"nectar10_over_exact_decode\": %.4g, \"exact_of_nodoc\": %.4g, \"nectar10_of_nodoc\": %.4g,\n   ",
+               w->n_docs, t->n, w->full.prefill_ms, x->ttft_ms / e->ttft_ms, x->decode_tps / e->decode_tps,
+               e->decode_tps / t->none.decode_tps, x->decode_tps / t->none.decode_tps);
+        print_measure_json("full_prefill", &w->full, ", ");
+        print_measure_json("reused_kv", e, ",\n   ");
+        print_measure_json("nectar10", x, k + 1 < COMPOSED ? "},\n" : "}\n");
+    }
+    printf(" ]\n");
+}
+
 static void print_json(const Model *m, const Options *o, const References *r, const Row *rows, int n_rows,
-                       const Fitting *f, const Batching *b) {
+                       const Fitting *f, const Batching *b, const Composition *t) {
     const Config *c = &m->config;
     printf("{\"model\": \"%s\", \"arch\": \"%s\", \"dim\": %d, \"hidden_dim\": %d, \"n_layers\": %d, \"n_heads\": %d, "
            "\"n_kv_heads\": %d, \"vocab_size\": %d, \"seq_len\": %d, \"prompt_tokens\": %d, \"decode_tokens\": %d,\n",
@@ -908,8 +1051,10 @@ static void print_json(const Model *m, const Options *o, const References *r, co
            "\"sgemm_gflops\": %.4g, \"fit_seconds\": %.4g, \"per_request_s\": {\"full_prefill\": %.4g, "
            "\"reused_kv\": %.4g, \"nectar\": %.4g}},\n", f->size, f->batch, f->queries_per_s, f->gflops,
            f->sgemm_gflops, f->fit_seconds, f->per_request[0], f->per_request[1], f->per_request[2]);
-    printf(" \"rollouts\": {\"count\": %d, \"doc_tokens\": %d, \"one_at_a_time_tps\": %.4g, \"batched_tps\": %.4g}}\n",
+    printf(" \"rollouts\": {\"count\": %d, \"doc_tokens\": %d, \"one_at_a_time_tps\": %.4g, \"batched_tps\": %.4g},\n",
            ROLLOUTS, b->n, b->one_tps, b->batch_tps);
+    print_composition_json(t);
+    printf("}\n");
 }
 
 int main(int argc, char **argv) {
@@ -936,11 +1081,13 @@ int main(int argc, char **argv) {
     int n_rows = cpu_table(&m, &o, &refs, rows);                 /* 2. the serving table */
     Fitting fit = fitting_and_amortisation(&m.config, o.arch, &rows[n_rows - 1]);  /* 3. fitting and amortisation */
     Batching batching = batched_rollouts(&m, rows[0].n);                   /* 4. many prompts at once */
-    if (o.json) print_json(&m, &o, &refs, rows, n_rows, &fit, &batching);
-    else {
+    if (!o.json) {
         print_fitting(&m.config, &fit);
         print_batching(&batching);
     }
+    Composition composition;
+    composition_table(&m, &o, t_start, &composition);              /* 5. compositions of documents */
+    if (o.json) print_json(&m, &o, &refs, rows, n_rows, &fit, &batching, &composition);
     fprintf(stderr, "bench took %.0f s\n", now_seconds() - t_start);
     model_free(&m);
     return 0;
