@@ -52,6 +52,7 @@ typedef struct {
     const char *model_path, *tok_path, *doc_text_path, *doc_ids_path, *out_path;
     const char *prompts_text_path, *prompts_ids_path, *checkpoint_path, *resume_path, *init_path, *qa_path;
     const char *eval_tasks_from; /* a module file whose evaluation-only tasks this run takes */
+    const char *self_study_path, *save_self_study_path;  /* --self-study, --save-self-study */
     int arch;         /* ModuleArch, or NOT_GIVEN */
     int loss_preset;  /* LossPreset, or NOT_GIVEN */
     float rho, lr, weight_decay, warmup_fraction, lambda_alpha, lambda_A, lambda_kl, kl_lr;
@@ -150,6 +151,10 @@ static void usage(FILE *f) {
         "                    model and document instead of making them: fits compared on the same tasks,\n"
         "                    and no time spent making them again\n"
         "  --prompt-len N    prompt length cap in tokens, answer included (default 80; 196 with --chat)\n"
+        "  --save-self-study FILE  write this run's self-study prompts and evaluation-only tasks to FILE\n"
+        "  --self-study FILE take the self-study prompts and evaluation-only tasks of FILE (written by\n"
+        "                    --save-self-study for this model and document) instead of making them:\n"
+        "                    fits compared on the same prompts; the split and the rest as -s gives them\n"
         "  --prompts FILE    extra prompts, one per line (text, needs -z; \\n is a newline)\n"
         "  --prompt-ids FILE extra prompts, one per line (token ids)\n"
         "  --answer-len N    answers (the full cache's greedy answer after a task or extra prompt,\n"
@@ -174,7 +179,7 @@ static void usage(FILE *f) {
 }
 
 /* the options that take a value, for the message when one comes last */
-static const char VALUE_OPTIONS[] = " -m -z -d -D -o --prompts --prompt-ids --checkpoint --resume --init --qa --groups --arch --depths "
+static const char VALUE_OPTIONS[] = " -m -z -d -D -o --self-study --save-self-study --prompts --prompt-ids --checkpoint --resume --init --qa --groups --arch --depths "
     "--rho --lr --wd --warmup --lambda-alpha --lambda-A --lambda-kl --kl-prompts --loss --steps --kl-steps --kl-lr "
     "--batch --n-prompts "
     "--tasks --eval-tasks --eval-tasks-from --kl-top-k --teacher-logits-mb --prompt-len --answer-len --checkpoint-every --stop-after -s ";
@@ -207,9 +212,11 @@ static int parse_value_option(const char *a, const char *v, Options *o) {
     if (word) return word < 0 ? -1 : 0;
     const char **paths[] = {&o->model_path, &o->tok_path, &o->doc_text_path, &o->doc_ids_path, &o->out_path,
                             &o->prompts_text_path, &o->prompts_ids_path, &o->checkpoint_path, &o->resume_path,
-                            &o->init_path, &o->qa_path, &o->eval_tasks_from, &o->groups};
+                            &o->init_path, &o->qa_path, &o->eval_tasks_from, &o->groups, &o->self_study_path,
+                            &o->save_self_study_path};
     static const char *path_names[] = {"-m", "-z", "-d", "-D", "-o", "--prompts", "--prompt-ids", "--checkpoint",
-                                       "--resume", "--init", "--qa", "--eval-tasks-from", "--groups"};
+                                       "--resume", "--init", "--qa", "--eval-tasks-from", "--groups", "--self-study",
+                                       "--save-self-study"};
     for (size_t k = 0; k < sizeof path_names / sizeof *path_names; k++)
         if (!strcmp(a, path_names[k])) { *paths[k] = v; return 0; }
     float *floats[] = {&o->rho, &o->lr, &o->weight_decay, &o->warmup_fraction, &o->lambda_alpha, &o->lambda_A,
@@ -273,6 +280,12 @@ static const char *check_options(const Options *o) {
     if (o->init_path && o->resume_path) return "--init and --resume both give the modules to start from; give one";
     if (o->eval_tasks_from && o->eval_tasks != NOT_GIVEN)
         return "--eval-tasks and --eval-tasks-from both give the evaluation-only tasks; give one";
+    if (o->self_study_path && (o->n_prompts != NOT_GIVEN || o->n_tasks != NOT_GIVEN || o->eval_tasks != NOT_GIVEN ||
+                               o->eval_tasks_from || o->prompts_text_path || o->prompts_ids_path))
+        return "--self-study gives the prompts and the evaluation-only tasks; drop --n-prompts, --tasks, --eval-tasks, "
+               "--eval-tasks-from, --prompts and --prompt-ids";
+    if (o->self_study_path && o->save_self_study_path)
+        return "--self-study reads a saved self-study; --save-self-study would write it again";
     if (o->chat == 1 && (o->doc_ids_path || o->prompts_ids_path))
         return "--chat frames texts (-d, --prompts); token ids (-D, --prompt-ids) are used as given";
 #ifndef NECTAR_CUDA
@@ -313,9 +326,15 @@ static const char *apply_recipe(Options *o, const Recipe *r) {
 static int check_outputs(const Options *o) {
     const char *inputs[] = {o->model_path, o->tok_path, o->doc_text_path, o->doc_ids_path, o->init_path,
                             o->prompts_text_path, o->prompts_ids_path, o->qa_path, o->eval_tasks_from,
-                            o->resume_path};
+                            o->self_study_path, o->resume_path};
     int n = sizeof inputs / sizeof *inputs;
     if (check_output("-o", o->out_path, inputs, n) != 0) return -1;
+    const char *saved = o->save_self_study_path;
+    if (saved && (!strcmp(saved, o->out_path) || (o->checkpoint_path && !strcmp(saved, o->checkpoint_path)))) {
+        fprintf(stderr, "error: --save-self-study %s is another output of this run; give it a file of its own\n", saved);
+        return -1;
+    }
+    if (saved && check_output("--save-self-study", saved, inputs, n) != 0) return -1;
     if (!o->checkpoint_path) return 0;
     if (!strcmp(o->checkpoint_path, o->out_path)) {
         fprintf(stderr, "error: -o and --checkpoint are both %s; give them two files\n", o->out_path);
@@ -502,15 +521,43 @@ static int load_eval_tasks(const char *path, const Inputs *in, const PromptSet *
     return -1;
 }
 
+/* --self-study: the prompts and evaluation-only tasks of a self-study
+ * file made with this model for this document, whose answers end and start
+ * as this run's. */
+static int read_self_study(const Options *o, const Inputs *in, PromptSet *all, PromptSet *eval_tasks) {
+    if (selfstudy_load(o->self_study_path, in->model.fingerprint, in->cache.fingerprint, all, eval_tasks) != 0)
+        return -1;
+    PromptSet want = {.answer_cap = o->answer_len};  /* this run's conventions, as make_prompt_set sets them */
+    answer_conventions(in->tokp, o->chat, &want);
+    int same = all->answer_cap == want.answer_cap && !memcmp(all->answer_stop, want.answer_stop, sizeof want.answer_stop) &&
+               all->n_nodoc_prefix == want.n_nodoc_prefix &&
+               !memcmp(all->nodoc_prefix, want.nodoc_prefix, (size_t)want.n_nodoc_prefix * sizeof(int));
+    promptset_free(&want);
+    if (same) {
+        fprintf(stderr, "%d self-study prompts and %d evaluation-only tasks from %s\n", all->n_prompts,
+                eval_tasks->n_prompts, o->self_study_path);
+        return 0;
+    }
+    fprintf(stderr, "error: --self-study %s: its answers end and start otherwise than this run's (--chat, "
+            "--answer-len)\n", o->self_study_path);
+    return -1;
+}
+
 /* Self-study with train's options (selfstudy.c), and the evaluation-only
- * tasks, made as its tasks from another seed or taken from a module file. */
+ * tasks, made as its tasks from another seed or taken from a module file;
+ * or both from a self-study file. --save-self-study writes them. */
 static int make_prompts(const Options *o, const Inputs *in, PromptSet *all, PromptSet *eval_tasks) {
     SelfStudyOptions so = {o->n_prompts, o->n_tasks, o->prompt_len, o->answer_len, o->chat, o->seed,
                            o->prompts_text_path, o->prompts_ids_path, NULL, 0};  /* no label, not eval-only */
     SelfStudyInputs si = {&in->model, in->tokp, in->doc_text, in->doc_ids, in->n_doc, &in->doc};
+    if (o->self_study_path) return read_self_study(o, in, all, eval_tasks);
     if (make_prompt_set(&so, &si, all) != 0) return -1;
-    if (o->eval_tasks_from) return load_eval_tasks(o->eval_tasks_from, in, all, eval_tasks);
-    make_eval_tasks(&so, &si, all, o->eval_tasks, eval_tasks);
+    if (o->eval_tasks_from && load_eval_tasks(o->eval_tasks_from, in, all, eval_tasks) != 0) return -1;
+    if (!o->eval_tasks_from) make_eval_tasks(&so, &si, all, o->eval_tasks, eval_tasks);
+    if (!o->save_self_study_path) return 0;
+    if (selfstudy_save(o->save_self_study_path, all, eval_tasks, in->model.fingerprint, in->cache.fingerprint) != 0)
+        return -1;
+    fprintf(stderr, "wrote the self-study to %s\n", o->save_self_study_path);
     return 0;
 }
 

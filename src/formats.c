@@ -397,6 +397,17 @@ _Static_assert(sizeof(ModuleFileHeader) == 128, "module file header is 128 bytes
 
 typedef struct { int32_t size; float input_scale; } ModuleFileEntry;
 
+/* The four parts of p's prompt table (read_prompt_table) into parts and
+ * sizes; flags (n_prompts + 1) holds the split flags as int32. */
+static void prompt_table_parts(const PromptSet *p, int32_t *flags, const void **parts, size_t *sizes) {
+    int n = p->n_prompts;
+    for (int i = 0; i < n; i++) flags[i] = p->split[i];
+    parts[0] = p->offsets; sizes[0] = n ? (n + 1) * sizeof(int32_t) : 0;
+    parts[1] = p->tokens; sizes[1] = n ? p->offsets[n] * sizeof(int32_t) : 0;
+    parts[2] = flags; sizes[2] = n * sizeof(int32_t);
+    parts[3] = p->question_len; sizes[3] = n * sizeof(int32_t);
+}
+
 int moduleset_save(const ModuleSet *s, const char *path) {
     ModuleFileHeader h = {0};
     h.magic = MODULE_MAGIC; h.version = MODULE_VERSION; h.arch = s->arch;
@@ -420,14 +431,11 @@ int moduleset_save(const ModuleSet *s, const char *path) {
         table[i].input_scale = mod->input_scale;
     }
     int32_t *flags = xmalloc((p->n_prompts + 1) * sizeof(int32_t));
-    for (int i = 0; i < p->n_prompts; i++) flags[i] = p->split[i];
     uint64_t checksum = FNV_OFFSET;
-    const void *parts[9] = {&h, table, s->params, p->offsets, p->tokens, flags, p->question_len, p->nodoc_prefix,
-                            &checksum};
+    const void *parts[9] = {&h, table, s->params, [7] = p->nodoc_prefix, [8] = &checksum};
     size_t sizes[9] = {sizeof(h), count * sizeof(ModuleFileEntry), s->n_params * sizeof(float),
-                       p->n_prompts ? (p->n_prompts + 1) * sizeof(int32_t) : 0,
-                       h.n_heldout_tokens * sizeof(int32_t), p->n_prompts * sizeof(int32_t),
-                       p->n_prompts * sizeof(int32_t), h.n_nodoc_prefix * sizeof(int32_t), sizeof(checksum)};
+                       [7] = h.n_nodoc_prefix * sizeof(int32_t), [8] = sizeof(checksum)};
+    prompt_table_parts(p, flags, parts + 3, sizes + 3);
     for (int k = 0; k < 8; k++) checksum = fnv1a(checksum, parts[k], sizes[k]);
     int rc = write_file_atomic(path, parts, sizes, 9);
     free(table); free(flags);
@@ -485,22 +493,18 @@ static int *read_ints(const unsigned char **at, size_t n) {
     return out;
 }
 
-/* The held-out prompts at `at`: offsets (n + 1), tokens, split flags
- * (n), question lengths (n), the no-document prefix; the offsets must rise
+/* A prompt table of n prompts at *at (*at moves past it): offsets (n + 1),
+ * tokens, split flags (n), question lengths (n); the offsets must rise
  * from 0 to the token count, each question fit its prompt. */
-static int read_heldout(PromptSet *p, const ModuleFileHeader *h, const unsigned char *at) {
-    int n = h->n_heldout, *flags;
+static int read_prompt_table(PromptSet *p, int n, int64_t n_tokens, const unsigned char **at) {
+    int *flags;
     p->n_prompts = n;
-    p->offsets = read_ints(&at, n + 1);
-    p->tokens = read_ints(&at, h->n_heldout_tokens);
-    flags = read_ints(&at, n);
-    p->question_len = read_ints(&at, n);
-    p->nodoc_prefix = read_ints(&at, h->n_nodoc_prefix);
-    p->n_nodoc_prefix = h->n_nodoc_prefix;
-    p->answer_cap = h->answer_cap;
-    p->answer_stop[0] = h->answer_stop[0]; p->answer_stop[1] = h->answer_stop[1];
-    p->split = xmalloc(n);
-    int ok = p->offsets[0] == 0 && p->offsets[n] == h->n_heldout_tokens;
+    p->offsets = read_ints(at, n + 1);
+    p->tokens = read_ints(at, n_tokens);
+    flags = read_ints(at, n);
+    p->question_len = read_ints(at, n);
+    p->split = xmalloc(n + 1);
+    int ok = p->offsets[0] == 0 && p->offsets[n] == n_tokens;
     for (int i = 0; i < n; i++) {
         ok &= flags[i] >= SPLIT_RANDOM && flags[i] <= SPLIT_TASKS;
         p->split[i] = ok ? (unsigned char)flags[i] : SPLIT_RANDOM;
@@ -509,6 +513,21 @@ static int read_heldout(PromptSet *p, const ModuleFileHeader *h, const unsigned 
     }
     free(flags);
     return ok ? 0 : -1;
+}
+
+/* The no-document prefix (n ints at *at) and the answers' conventions into p. */
+static void read_conventions(PromptSet *p, int n_prefix, int cap, const int32_t stop[2], const unsigned char **at) {
+    p->nodoc_prefix = read_ints(at, n_prefix);
+    p->n_nodoc_prefix = n_prefix;
+    p->answer_cap = cap;
+    p->answer_stop[0] = stop[0]; p->answer_stop[1] = stop[1];
+}
+
+/* The held-out prompts at `at`: a prompt table, then the no-document prefix. */
+static int read_heldout(PromptSet *p, const ModuleFileHeader *h, const unsigned char *at) {
+    int rc = read_prompt_table(p, h->n_heldout, h->n_heldout_tokens, &at);
+    read_conventions(p, h->n_nodoc_prefix, h->answer_cap, h->answer_stop, &at);
+    return rc;
 }
 
 /* The modules of the file (buf, size) into s, checked against its header h
@@ -600,4 +619,89 @@ int moduleset_load(ModuleSet *s, const char *path, uint64_t model_fp, uint64_t d
     }
     free(buf);
     return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Self-study files                                                         */
+
+/* What train --save-self-study writes and --self-study reads: a 64-byte
+ * header, the self-study prompts' table and the evaluation-only tasks'
+ * (read_prompt_table's layout), the no-document prefix, then the 64-bit
+ * FNV-1a hash of every byte before it. */
+enum { SELFSTUDY_MAGIC = 0x5353544E /* "NTSS" */, SELFSTUDY_VERSION = 1 };
+typedef struct {
+    uint32_t magic, version;
+    uint64_t model_fingerprint, doc_fingerprint;
+    int32_t n_prompts[2];     /* the self-study prompts, the evaluation-only tasks */
+    int64_t n_tokens[2];
+    int32_t answer_cap, answer_stop[2], n_nodoc_prefix;  /* both sets' (PromptSet) */
+} SelfStudyFileHeader;
+_Static_assert(sizeof(SelfStudyFileHeader) == 64, "self-study file header is 64 bytes");
+
+int selfstudy_save(const char *path, const PromptSet *prompts, const PromptSet *tasks, uint64_t model_fp,
+                   uint64_t doc_fp) {
+    const PromptSet *sets[2] = {prompts, tasks};
+    SelfStudyFileHeader h = {SELFSTUDY_MAGIC, SELFSTUDY_VERSION, model_fp, doc_fp, {0}, {0}, prompts->answer_cap,
+                             {prompts->answer_stop[0], prompts->answer_stop[1]}, prompts->n_nodoc_prefix};
+    uint64_t checksum = FNV_OFFSET;
+    const void *parts[11] = {&h, [9] = prompts->nodoc_prefix, [10] = &checksum};
+    size_t sizes[11] = {sizeof(h), [9] = prompts->n_nodoc_prefix * sizeof(int32_t), [10] = sizeof(checksum)};
+    int32_t *flags[2];
+    for (int k = 0; k < 2; k++) {
+        h.n_prompts[k] = sets[k]->n_prompts;
+        h.n_tokens[k] = sets[k]->n_prompts ? sets[k]->offsets[sets[k]->n_prompts] : 0;
+        flags[k] = xmalloc((sets[k]->n_prompts + 1) * sizeof(int32_t));
+        prompt_table_parts(sets[k], flags[k], parts + 1 + 4 * k, sizes + 1 + 4 * k);
+    }
+    for (int k = 0; k < 10; k++) checksum = fnv1a(checksum, parts[k], sizes[k]);
+    int rc = write_file_atomic(path, parts, sizes, 11);
+    free(flags[0]); free(flags[1]);
+    return rc;
+}
+
+/* Why a self-study file of `size` bytes with header h cannot be read, or
+ * NULL: its kind and checksum first, then every count against the size. */
+static const char *selfstudy_problem(const SelfStudyFileHeader *h, const unsigned char *buf, size_t size,
+                                     uint64_t model_fp, uint64_t doc_fp) {
+    if (h->magic != SELFSTUDY_MAGIC) return "it is not a Nectar self-study file (bad magic number)";
+    if (h->version != SELFSTUDY_VERSION) return "its format version is not one this program reads";
+    if (!checksum_matches(buf, size)) return "its checksum does not match its bytes: the file is truncated or corrupt";
+    size_t ints = (size_t)h->n_nodoc_prefix + 2;  /* the checksum's 8 bytes */
+    for (int k = 0; k < 2; k++) {
+        if (h->n_prompts[k] < 0 || h->n_prompts[k] > (1 << 24) || h->n_tokens[k] < 0 || h->n_tokens[k] > (1 << 28))
+            return "its prompt counts are out of range";
+        ints += 3 * (size_t)h->n_prompts[k] + (h->n_prompts[k] > 0) + h->n_tokens[k];  /* no offsets for none */
+    }
+    if (h->n_prompts[0] < 1 || h->n_nodoc_prefix < 0 || h->n_nodoc_prefix > MAX_NODOC_PREFIX || h->answer_cap < 1 ||
+        h->answer_cap > (1 << 20) || h->answer_stop[0] < -1 || h->answer_stop[1] < -1)
+        return "its header fields are out of range";
+    if (size != sizeof(*h) + ints * sizeof(int32_t)) return "its size does not match its header: it is corrupt";
+    if (model_fp && h->model_fingerprint != model_fp) return "it was made with a different model";
+    if (doc_fp && h->doc_fingerprint != doc_fp) return "it was made for a different document";
+    return NULL;
+}
+
+int selfstudy_load(const char *path, uint64_t model_fp, uint64_t doc_fp, PromptSet *prompts, PromptSet *tasks) {
+    memset(prompts, 0, sizeof(*prompts));
+    memset(tasks, 0, sizeof(*tasks));
+    size_t size;
+    unsigned char *buf = read_file(path, &size);
+    if (!buf) return -1;
+    SelfStudyFileHeader h;
+    const char *why = size < sizeof(h) + sizeof(uint64_t) ? "it is shorter than a self-study file's header" : NULL;
+    if (!why) { memcpy(&h, buf, sizeof(h)); why = selfstudy_problem(&h, buf, size, model_fp, doc_fp); }
+    const unsigned char *at = buf + sizeof(h);
+    PromptSet *sets[2] = {prompts, tasks};
+    for (int k = 0; k < 2 && !why; k++)
+        if (h.n_prompts[k] > 0 && read_prompt_table(sets[k], h.n_prompts[k], h.n_tokens[k], &at) != 0)
+            why = "its prompt tables are corrupt";
+    for (int k = 0; k < 2 && !why; k++) {
+        const unsigned char *prefix = at;
+        read_conventions(sets[k], h.n_nodoc_prefix, h.answer_cap, h.answer_stop, &prefix);
+    }
+    free(buf);
+    if (!why) return 0;
+    fprintf(stderr, "error: %s: %s\n", path, why);
+    promptset_free(prompts); promptset_free(tasks);
+    return -1;
 }

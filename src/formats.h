@@ -26,6 +26,15 @@ int  model_save(const Model *m, const char *path);
 int  moduleset_save(const ModuleSet *s, const char *path);
 int  moduleset_load(ModuleSet *s, const char *path, uint64_t model_fp, uint64_t doc_fp);
 
+/* Self-study files (train --save-self-study, --self-study): the prompts of
+ * a self-study and its evaluation-only tasks, which share their answers'
+ * conventions, for the model and document of the fingerprints. load
+ * refuses a file made with another model or for another document (0 skips
+ * that check) with a sentence. */
+int  selfstudy_save(const char *path, const PromptSet *prompts, const PromptSet *tasks, uint64_t model_fp,
+                    uint64_t doc_fp);
+int  selfstudy_load(const char *path, uint64_t model_fp, uint64_t doc_fp, PromptSet *prompts, PromptSet *tasks);
+
 /* path opened for reading ("rb"), if it is a regular file: NULL after a
  * sentence naming `what` ("tokenizer file", or "") when it cannot be opened or
  * is a directory or another kind of file. */

@@ -7,7 +7,7 @@
 #     infos) is refused or gives the same output; changed in its content
 #     (names, values, tensor data: GGUF has no checksum) it may say
 #     something else;
-#   - a module file changed anywhere is refused (its checksum);
+#   - a module file or a self-study file changed anywhere is refused (its checksum);
 #   - train never changes one of its inputs.
 # usage: tests/test_fuzz.sh BINDIR   (BINDIR holds infer and train; tests/mutants is built)
 set -u
@@ -79,8 +79,8 @@ echo "1 20 30 40" > "$tmp/prompt.ids"
 seq 3 42 | tr '\n' ' ' > "$tmp/doc.ids"
 printf 'The cat sat on the mat. The dog sat on the log.\n' > "$tmp/doc.txt"
 quick=(--prompt-len 16 --n-prompts 6 --tasks 0 --eval-tasks 0 --steps 3 --rho 0.5)
-"$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/good.nectar" "${quick[@]}" > /dev/null 2>&1 ||
-    { echo "  FAIL: the module file to corrupt was not made"; exit 1; }
+"$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/good.nectar" "${quick[@]}" --save-self-study "$tmp/good.ss" \
+    > /dev/null 2>&1 || { echo "  FAIL: the module file to corrupt was not made"; exit 1; }
 cp "$tmp/good.nectar" "$tmp/old.nectar"
 
 sample=(-i "one two" -n 12 -t 1 -s 7 --ids)   # sampled: a change in any logit tends to show
@@ -92,6 +92,8 @@ for name in llama mistral spm; do   # 170 mutants each
 done
 fuzz_files bytes "$tmp/good.nectar" 2 300 "module file" refused \
     "$bin/infer" -m $model -k @ -I "$tmp/prompt.ids" -n 6 -t 0 --ids
+fuzz_files bytes "$tmp/good.ss" 5 100 "self-study file" refused \
+    "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/out.nectar" --self-study @ --prompt-len 16 --steps 3 --rho 0.5
 fuzz_files bytes $model 3 100 "llama2.c checkpoint" clean "$bin/infer" -m @ -I "$tmp/prompt.ids" -n 6 -t 0 --ids
 fuzz_files bytes $tok 4 100 "tokenizer.bin" clean "$bin/infer" -m $model -z @ -i "the cat" -n 6 -t 0 --ids
 
@@ -128,10 +130,12 @@ train_options() {
     ((RANDOM % 5)) || { add_one --init --resume; add_one "$tmp/good.nectar" "$tmp/doc.txt" "$tmp/none"; }
     ((RANDOM % 5)) || add --checkpoint "$tmp/ck.nectar" "$tmp/doc.ids" "$tmp/old.nectar"
     ((RANDOM % 5)) || add --qa "$tmp/doc.qa" "$tmp/doc.txt"
+    ((RANDOM % 6)) || { add_one --self-study --save-self-study; add_one "$tmp/good.ss" "$tmp/out.ss" "$tmp/good.nectar"; }
     ((RANDOM % 5)) || add_one --json --chat --help --steps -z
 }
 RANDOM=5
-inputs() { md5sum $model $tok "$tmp"/gguf_*.gguf "$tmp/doc.qa" "$tmp/doc.txt" "$tmp/doc.ids" "$tmp/good.nectar" 2> /dev/null; }
+inputs() { md5sum $model $tok "$tmp"/gguf_*.gguf "$tmp/doc.qa" "$tmp/doc.txt" "$tmp/doc.ids" "$tmp/good.nectar" \
+    "$tmp/good.ss" 2> /dev/null; }
 inputs > "$tmp/inputs.md5"
 for i in $(seq 100); do
     if ((i % 2)); then infer_options; else train_options; fi
