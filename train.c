@@ -57,6 +57,7 @@ typedef struct {
     int loss_preset;  /* LossPreset, or NOT_GIVEN */
     float rho, lr, weight_decay, warmup_fraction, lambda_alpha, lambda_A, lambda_kl, kl_lr;
     int steps, kl_steps, batch, kl_prompts, n_prompts, n_tasks, prompt_len, answer_len, checkpoint_every, stop_after;
+    int far_prompts, far_len;  /* --far-prompts, --far-len */
     int eval_tasks;   /* evaluation-only tasks to make, never trained on (NOT_GIVEN: 100, or none with
                        * eval_tasks_from) */
     int json;
@@ -151,6 +152,11 @@ static void usage(FILE *f) {
         "                    model and document instead of making them: fits compared on the same tasks,\n"
         "                    and no time spent making them again\n"
         "  --prompt-len N    prompt length cap in tokens, answer included (default 80; 196 with --chat)\n"
+        "  --far-prompts K   K more self-study prompts that reach far from the document: the questions of\n"
+        "                    the first K task prompts, each continued by the full cache, greedily and\n"
+        "                    past its stop, for --far-len tokens (default 0: none)\n"
+        "  --far-len N       how far past their questions those prompts go (default 512; at most what\n"
+        "                    the context leaves)\n"
         "  --save-self-study FILE  write this run's self-study prompts and evaluation-only tasks to FILE\n"
         "  --self-study FILE take the self-study prompts and evaluation-only tasks of FILE (written by\n"
         "                    --save-self-study for this model and document) instead of making them:\n"
@@ -182,7 +188,7 @@ static void usage(FILE *f) {
 static const char VALUE_OPTIONS[] = " -m -z -d -D -o --self-study --save-self-study --prompts --prompt-ids --checkpoint --resume --init --qa --groups --arch --depths "
     "--rho --lr --wd --warmup --lambda-alpha --lambda-A --lambda-kl --kl-prompts --loss --steps --kl-steps --kl-lr "
     "--batch --n-prompts "
-    "--tasks --eval-tasks --eval-tasks-from --kl-top-k --teacher-logits-mb --prompt-len --answer-len --checkpoint-every --stop-after -s ";
+    "--tasks --eval-tasks --eval-tasks-from --far-prompts --far-len --kl-top-k --teacher-logits-mb --prompt-len --answer-len --checkpoint-every --stop-after -s ";
 
 /* The options with a word for a value: --arch, --depths, --loss. 1 if a is
  * one of them, -1 after a sentence when its value is not one they take. */
@@ -227,11 +233,12 @@ static int parse_value_option(const char *a, const char *v, Options *o) {
         if (!strcmp(a, float_names[k])) return parse_float_option(a, v, floats[k]);
     int *ints[] = {&o->kl_prompts, &o->steps, &o->batch, &o->n_prompts, &o->n_tasks, &o->prompt_len,
                    &o->answer_len, &o->checkpoint_every, &o->stop_after, &o->teacher_logits_mb, &o->kl_steps,
-                   &o->eval_tasks, &o->kl_top_k};
+                   &o->eval_tasks, &o->kl_top_k, &o->far_prompts, &o->far_len};
     static const char *int_names[] = {"--kl-prompts", "--steps", "--batch", "--n-prompts", "--tasks",
                                       "--prompt-len", "--answer-len", "--checkpoint-every", "--stop-after",
-                                      "--teacher-logits-mb", "--kl-steps", "--eval-tasks", "--kl-top-k"};
-    for (int k = 0; k < 13; k++) {
+                                      "--teacher-logits-mb", "--kl-steps", "--eval-tasks", "--kl-top-k",
+                                      "--far-prompts", "--far-len"};
+    for (int k = 0; k < 15; k++) {
         if (strcmp(a, int_names[k])) continue;
         if (parse_int_option(a, v, ints[k]) != 0) return -1;
         if (*ints[k] != NOT_GIVEN) return 0;  /* the value that stands for "left to the recipe" */
@@ -267,10 +274,10 @@ static const char *check_options(const Options *o) {
     if (o->batch < 1 || given_below(o->n_prompts, 0) || given_below(o->n_tasks, 0) || given_below(o->eval_tasks, 0) ||
         given_below(o->prompt_len, 2) || given_below(o->answer_len, 0) ||
         o->stop_after < 0 || o->checkpoint_every < 0 || o->teacher_logits_mb < 0 || o->teacher_logits_mb > (1 << 24) ||
-        o->kl_top_k < 0)
+        o->kl_top_k < 0 || o->far_prompts < 0 || o->far_len < 1)
         return "need --batch >= 1, --n-prompts >= 0, --tasks >= 0, --eval-tasks >= 0, "
-               "--prompt-len >= 2, --answer-len >= 0, --stop-after >= 0, --checkpoint-every >= 0, --kl-top-k >= 0 "
-               "and --teacher-logits-mb in 0..16777216";
+               "--prompt-len >= 2, --answer-len >= 0, --stop-after >= 0, --checkpoint-every >= 0, --kl-top-k >= 0, "
+               "--far-prompts >= 0, --far-len >= 1 and --teacher-logits-mb in 0..16777216";
     if (!(o->lr > 0) || !(isnan(o->kl_lr) || o->kl_lr > 0) || o->weight_decay < 0 || o->warmup_fraction < 0 ||
         o->warmup_fraction >= 1)
         return "need --lr > 0, --kl-lr > 0, --wd >= 0 and --warmup in [0, 1)";
@@ -281,9 +288,9 @@ static const char *check_options(const Options *o) {
     if (o->eval_tasks_from && o->eval_tasks != NOT_GIVEN)
         return "--eval-tasks and --eval-tasks-from both give the evaluation-only tasks; give one";
     if (o->self_study_path && (o->n_prompts != NOT_GIVEN || o->n_tasks != NOT_GIVEN || o->eval_tasks != NOT_GIVEN ||
-                               o->eval_tasks_from || o->prompts_text_path || o->prompts_ids_path))
+                               o->eval_tasks_from || o->prompts_text_path || o->prompts_ids_path || o->far_prompts))
         return "--self-study gives the prompts and the evaluation-only tasks; drop --n-prompts, --tasks, --eval-tasks, "
-               "--eval-tasks-from, --prompts and --prompt-ids";
+               "--eval-tasks-from, --prompts, --prompt-ids and --far-prompts";
     if (o->self_study_path && o->save_self_study_path)
         return "--self-study reads a saved self-study; --save-self-study would write it again";
     if (o->chat == 1 && (o->doc_ids_path || o->prompts_ids_path))
@@ -348,7 +355,7 @@ static int parse_options(int argc, char **argv, Options *o) {
                    .warmup_fraction = 0.05f, .lambda_alpha = NAN, .lambda_A = NAN, .lambda_kl = NAN, .kl_prompts = 2,
                    .steps = NOT_GIVEN, .kl_steps = NOT_GIVEN, .batch = 64, .n_prompts = NOT_GIVEN,
                    .n_tasks = NOT_GIVEN, .prompt_len = NOT_GIVEN, .answer_len = NOT_GIVEN, .chat = -1,
-                   .eval_tasks = NOT_GIVEN, .teacher_logits_mb = 2048, .depth_backbone = 1, .depth_score = 1, .depth_target = 1, .groups = "",
+                   .eval_tasks = NOT_GIVEN, .far_len = 512, .teacher_logits_mb = 2048, .depth_backbone = 1, .depth_score = 1, .depth_target = 1, .groups = "",
                    .seed = 1234};
     SeenOptions seen = {0};
     for (int i = 1; i < argc; i++) {
@@ -548,7 +555,8 @@ static int read_self_study(const Options *o, const Inputs *in, PromptSet *all, P
  * or both from a self-study file. --save-self-study writes them. */
 static int make_prompts(const Options *o, const Inputs *in, PromptSet *all, PromptSet *eval_tasks) {
     SelfStudyOptions so = {o->n_prompts, o->n_tasks, o->prompt_len, o->answer_len, o->chat, o->seed,
-                           o->prompts_text_path, o->prompts_ids_path, NULL, 0};  /* no label, not eval-only */
+                           o->prompts_text_path, o->prompts_ids_path, NULL, 0,  /* no label, not eval-only */
+                           o->far_prompts, o->far_len};
     SelfStudyInputs si = {&in->model, in->tokp, in->doc_text, in->doc_ids, in->n_doc, &in->doc};
     if (o->self_study_path) return read_self_study(o, in, all, eval_tasks);
     if (make_prompt_set(&so, &si, all) != 0) return -1;

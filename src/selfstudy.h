@@ -24,6 +24,8 @@ typedef struct {
     const char *label;    /* what the tasks' progress lines call them (NULL: "tasks") */
     int eval_only;        /* evaluation-only tasks, asked after the self-study's: 3 times its tries, and a
                            * chat quote or summary request drawn again while it repeats one asked already */
+    int far_prompts, far_len;  /* prompts reaching far past the document: far_prompts task questions, each
+                                * continued far_len tokens by the full cache (0: none) */
 } SelfStudyOptions;
 
 /* What self-study reads: the model, its tokenizer (or NULL), the document's
@@ -37,7 +39,8 @@ typedef struct {
     const Document *doc;
 } SelfStudyInputs;
 
-/* Every prompt (spans and continuations, tasks, the user's), with the
+/* Every prompt (spans and continuations, tasks, the user's, and those far
+ * from the document), with the
  * answer conventions set (answer_conventions); 0, or -1 after a sentence
  * (a prompt file that cannot be read, fewer than 5 prompts). */
 int make_prompt_set(const SelfStudyOptions *o, const SelfStudyInputs *in, PromptSet *out);
