@@ -75,6 +75,9 @@ static void usage(FILE *f) {
         "                 prompts N tokens (no stop), and KL(full || Nectar, no document) and top-1\n"
         "                 agreement along them, in bins of the distance from the document\n"
         "  --drift-prompts K  how many held-out task prompts --drift continues (default 8)\n"
+        "  --stops        with --eval, instead of its tables: where answers end; each held-out answer\n"
+        "                 the full cache ends with its stop, teacher-forced, and each model's\n"
+        "                 log-probability of that stop there, by the answer's length\n"
         "  --qa FILE      with -d/-D: the multiple-choice questions of FILE (format: docs/formats.md),\n"
         "                 each option scored by its mean log-probability per token as the reply\n"
         "                 after the question (with --chat, the assistant's turn), with the full\n"
@@ -99,7 +102,7 @@ typedef struct {
     DocOption docs[2 * MAX_DOCUMENTS];  /* -d, -D and -k in command-line order */
     int n_docs, n_texts, n_modules;     /* of them: all, -d and -D, -k */
     const char *qa_path;  /* --qa */
-    int n_gen, print_ids, encode_only, eval, compare, json, gpu, chat, answers, joined;
+    int n_gen, print_ids, encode_only, eval, compare, json, gpu, chat, answers, joined, stops;
     int drift, drift_prompts;  /* --drift N, --drift-prompts K (0: not given) */
     float temperature, topp;
     unsigned long long seed;
@@ -108,10 +111,10 @@ typedef struct {
 /* A flag (an option without a value) into o: 1 if a is one, else 0. */
 static int parse_flag(const char *a, Options *o) {
     int *flags[] = {&o->print_ids, &o->encode_only, &o->eval, &o->compare, &o->json, &o->gpu, &o->chat,
-                    &o->answers, &o->joined};
+                    &o->answers, &o->joined, &o->stops};
     static const char *names[] = {"--ids", "--encode", "--eval", "--compare", "--json", "--gpu", "--chat",
-                                  "--answers", "--joined"};
-    for (int k = 0; k < 9; k++)
+                                  "--answers", "--joined", "--stops"};
+    for (int k = 0; k < 10; k++)
         if (!strcmp(a, names[k])) { *flags[k] = 1; return 1; }
     return 0;
 }
@@ -164,6 +167,8 @@ static const char *options_problem(const Options *o) {
     if (o->drift_prompts && !o->drift) return "--drift-prompts needs --drift N";
     if (o->drift && o->answers) return "--drift prints its own table; drop --answers";
     if (o->drift && o->n_modules > 1) return "--drift follows the held-out prompts of one module file; give one -k";
+    if (o->stops && (!o->eval || o->drift || o->answers)) return "--stops is a mode of --eval of its own; add --eval, drop "
+                                                                 "--drift and --answers";
     if (o->joined && o->n_texts < 2) return "--joined prefills several documents as one; give two or more -d/-D";
 #ifndef NECTAR_CUDA
     if (o->gpu) return NO_GPU_SUPPORT;
@@ -777,6 +782,40 @@ static int run_drift(const Options *o, const Inputs *in, const Compositions *c) 
     return 0;
 }
 
+/* --stops: where the answers of the random split and of the
+ * evaluation-only tasks end (stop_profile), a table or a JSON object. */
+static int print_stops(const Options *o, const Inputs *in, const Compositions *c, const ModuleSet *ms,
+                       const EvalResult split[EVAL_SPLITS]) {
+    static const char *const names[2] = {"random", "tasks"};
+    const int splits[2] = {EVAL_RANDOM, EVAL_TASKS};
+    if (o->json) printf("{");
+    for (int k = 0; k < 2; k++) {
+        StopResult r;
+        if (stop_profile(&in->model, c->full, c->nectar, &ms->heldout, &split[splits[k]], &r) != 0) return -1;
+        if (o->json) printf("%s\"%s\": {\"n_answers\": %d, \"bins\": [", k ? ", " : "", names[k], r.n_answers);
+        else printf("%swhere the full cache's answers end (%s split: %d answers end with its stop): each model's "
+                    "log p(stop) there, teacher-forced\n  %-14s %6s %12s %12s %12s   %s\n", k ? "\n" : "", names[k],
+                    r.n_answers, "stop at token", "count", "full cache", "Nectar", "no document",
+                    "stop the likeliest: full / Nectar / no doc");
+        for (int b = 0; b <= r.n_bins; b++) {
+            int at = b < r.n_bins ? b : STOP_BINS;  /* the bins, then all of them */
+            if (r.count[at] == 0) continue;
+            if (o->json) printf("%s{\"lo\": %d, \"hi\": %d, \"count\": %d, \"logp\": [%.6g, %.6g, %.6g], "
+                                "\"top\": [%.6f, %.6f, %.6f]}", b ? ", " : "", b < r.n_bins ? r.lo[b] : 0,
+                                b < r.n_bins ? r.hi[b] : ms->heldout.answer_cap, r.count[at], r.logp[0][at],
+                                r.logp[1][at], r.logp[2][at], r.top[0][at], r.top[1][at], r.top[2][at]);
+            else if (b < r.n_bins) printf("  %5d - %-6d %6d %12.4f %12.4f %12.4f   %.3f / %.3f / %.3f\n", r.lo[b],
+                                          r.hi[b], r.count[at], r.logp[0][at], r.logp[1][at], r.logp[2][at],
+                                          r.top[0][at], r.top[1][at], r.top[2][at]);
+            else printf("  %-14s %6d %12.4f %12.4f %12.4f   %.3f / %.3f / %.3f\n", "all", r.count[at], r.logp[0][at],
+                        r.logp[1][at], r.logp[2][at], r.top[0][at], r.top[1][at], r.top[2][at]);
+        }
+        if (o->json) printf("]}");
+    }
+    if (o->json) printf("}");
+    return 0;
+}
+
 /* --eval of one document's module file: the metrics on its held-out
  * prompts (on the CPU), after all the documents. */
 static int eval_module(const Options *o, const Inputs *in, const Compositions *c, const Part *p) {
@@ -787,8 +826,10 @@ static int eval_module(const Options *o, const Inputs *in, const Compositions *c
         return -1;
     }
     EvalResult split[EVAL_SPLITS];
+    int rc = 0;
     if (evaluate(&in->model, c->full, c->nectar, &ms->heldout, split) != 0) return -1;
-    if (o->json) {
+    if (o->stops) rc = print_stops(o, in, c, ms, split);
+    else if (o->json) {
         printf("{\"arch\": \"%s\", \"rho\": %.6g, \"params\": %zu, \"kv_entries\": %ld, ",
                ms->arch == ARCH_MLP ? "mlp" : "quad", ms->rho, ms->n_params,
                2L * cf->n_layers * ms->n_doc * (cf->dim / cf->n_heads) * cf->n_kv_heads);
@@ -803,7 +844,7 @@ static int eval_module(const Options *o, const Inputs *in, const Compositions *c
             print_answers("evaluation-only tasks", &split[EVAL_TASKS], &ms->heldout, in->tokp, 0);
     } else print_eval_splits_table(stdout, split, cf->n_layers);
     for (int k = 0; k < EVAL_SPLITS; k++) evalresult_free(&split[k]);
-    return 0;
+    return rc;
 }
 
 /* --eval: each module file's held-out prompts in turn (one file: its

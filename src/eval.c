@@ -769,6 +769,77 @@ int drift_profile(const Model *m, const Document *full, const Document *nectar, 
 }
 
 /* ------------------------------------------------------------------------ */
+/* Where answers end                                                        */
+
+/* Bin b of answer positions: [0, 16) for b = 0, then [16 2^(b-1), 16 2^b); the last bin takes the rest. */
+static int stop_bin_start(int b) { return b == 0 ? 0 : STOP_FIRST_BIN << (b - 1); }
+
+static int stop_bin(int t) {
+    int b = 0;
+    while (b + 1 < STOP_BINS && t >= stop_bin_start(b + 1)) b++;
+    return b;
+}
+
+/* Answer a's full-cache answer (its length, or 0 where it does not end with a stop). */
+static int ended_answer(const EvalResult *r, const int stop[2], int a, const int **tokens) {
+    int len = r->answer_len[(size_t)a * 3];
+    *tokens = r->answer_tokens + (size_t)a * 3 * r->answer_cap;
+    return len > 0 && ((*tokens)[len - 1] == stop[0] || (*tokens)[len - 1] == stop[1]) ? len : 0;
+}
+
+/* One ended answer after its question (seq, L tokens) through the three
+ * models: each one's log p and top-1 of the stop at the last position into
+ * bin b and the total. */
+static int count_stop(Evaluation *e, const Model *m, const PromptSet *p, const int *seq, int L, int b, StopResult *r) {
+    int V = m->config.vocab_size, prefix = forward_three(e, m, p, seq, L), stop = seq[L - 1];
+    if (prefix < 0) return -1;
+    const float *logits[3] = {e->sf.logits + (size_t)(L - 2) * V, e->sn.logits + (size_t)(L - 2) * V,
+                              e->s0.logits + (size_t)(L - 2 + prefix) * V};  /* each row predicts the stop */
+    for (int k = 0; k < 3; k++) {
+        log_softmax(logits[k], V, e->lp_full);
+        int top = argmax(logits[k], V) == stop;
+        r->logp[k][b] += e->lp_full[stop]; r->logp[k][STOP_BINS] += e->lp_full[stop];
+        r->top[k][b] += top; r->top[k][STOP_BINS] += top;
+    }
+    r->count[b]++; r->count[STOP_BINS]++;
+    return 0;
+}
+
+int stop_profile(const Model *m, const Document *full, const Document *nectar, const PromptSet *prompts,
+                 const EvalResult *answers, StopResult *r) {
+    memset(r, 0, sizeof(*r));
+    int max_len = 2, rc = 0;
+    const int *tokens;
+    for (int a = 0; a < answers->n_answers; a++) {
+        int len = ended_answer(answers, prompts->answer_stop, a, &tokens), i = answers->answer_prompt[a];
+        if (len > 0 && prompts->question_len[i] + len > max_len) max_len = prompts->question_len[i] + len;
+    }
+    Evaluation e;
+    evaluation_start(&e, m, full, nectar, prompts, max_len);
+    int *seq = xmalloc(max_len * sizeof(int));  /* (max_len) a question, then its answer */
+    for (int a = 0; a < answers->n_answers && rc == 0; a++) {
+        int len = ended_answer(answers, prompts->answer_stop, a, &tokens), i = answers->answer_prompt[a];
+        int nq = prompts->question_len[i];
+        if (len == 0) continue;
+        memcpy(seq, prompts->tokens + prompts->offsets[i], nq * sizeof(int));
+        memcpy(seq + nq, tokens, len * sizeof(int));
+        rc = count_stop(&e, m, prompts, seq, nq + len, stop_bin(len - 1), r);
+    }
+    r->n_answers = r->count[STOP_BINS];
+    for (int b = 0; b <= STOP_BINS; b++)
+        for (int k = 0; k < 3 && r->count[b] > 0; k++) { r->logp[k][b] /= r->count[b]; r->top[k][b] /= r->count[b]; }
+    for (int b = 0; b < STOP_BINS; b++)
+        if (r->count[b] > 0) r->n_bins = b + 1;
+    for (int b = 0; b < r->n_bins; b++) {
+        r->lo[b] = stop_bin_start(b);
+        r->hi[b] = b + 1 < STOP_BINS ? stop_bin_start(b + 1) : answers->answer_cap;
+    }
+    free(seq);
+    evaluation_free(&e);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------ */
 /* Sampling: greedy, temperature, top-p (as llama2.c)                       */
 
 void sampler_init(Sampler *s, int vocab_size, float temperature, float topp, uint64_t seed) {

@@ -113,6 +113,24 @@ typedef struct {
 int drift_profile(const Model *m, const Document *full, const Document *nectar, const PromptSet *prompts, int length,
                   int n_seqs, DriftResult *r);
 
+/* Where answers end: each answer of `answers` (an evaluate split) that the
+ * full cache ends with a stop token (its last, at answer position T) is
+ * teacher-forced through the full cache, Nectar and no document after its
+ * question, and each model's log-probability of that stop token at T, and
+ * whether it is the model's likeliest token there, are averaged in bins of
+ * T: [0, 16), [16, 32), [32, 64), ... and over all of them (bin n_bins).
+ * A model that gives the stop less probability at T writes on where the
+ * full cache ends. 0, or -1 after a sentence. */
+enum { STOP_FIRST_BIN = 16, STOP_BINS = 8 };
+typedef struct {
+    int n_answers, n_bins;                    /* answers the full cache ends; bins [lo, hi) with some */
+    int lo[STOP_BINS], hi[STOP_BINS], count[STOP_BINS + 1];
+    double logp[3][STOP_BINS + 1];            /* mean log p(stop at T): full cache, Nectar, no document */
+    double top[3][STOP_BINS + 1];             /* share with the stop the likeliest token at T */
+} StopResult;
+int stop_profile(const Model *m, const Document *full, const Document *nectar, const PromptSet *prompts,
+                 const EvalResult *answers, StopResult *r);
+
 /* ------------------------------------------------------------------------ */
 /* Sampling: greedy, temperature, top-p (as llama2.c)                       */
 

@@ -1595,6 +1595,48 @@ static void test_answer_repeats_by_hand(void) {
  * document state) and task prompts whose questions are their first tokens;
  * the answer metrics of evaluate() against the ones recomputed from
  * naive_answer. */
+/* stop_profile against its definition: each answer the full cache ends,
+ * question and answer through a forward of its own, the log-probability
+ * of its stop token at its last row; with oracle modules Nectar's equals
+ * the full cache's, and no document's does not. */
+static void check_stop_profile(const Model *m, const Document runs[3], const PromptSet *p, const EvalResult *r,
+                               int expect_oracle, int n_doc) {
+    StopResult got;
+    check("stop_profile runs", stop_profile(m, &runs[0], &runs[1], p, r, &got) == 0);
+    int V = m->config.vocab_size, n = 0;
+    double want[2] = {0, 0}, *lp = xmalloc(V * sizeof(double));
+    for (int a = 0; a < r->n_answers; a++) {
+        const int *answer = r->answer_tokens + (size_t)a * 3 * r->answer_cap;
+        int len = r->answer_len[(size_t)a * 3], i = r->answer_prompt[a], nq = p->question_len[i];
+        if (len == 0 || (answer[len - 1] != p->answer_stop[0] && answer[len - 1] != p->answer_stop[1])) continue;
+        int seq[64];
+        memcpy(seq, p->tokens + p->offsets[i], nq * sizeof(int));
+        memcpy(seq + nq, answer, len * sizeof(int));
+        for (int k = 0; k < 2; k++) {
+            RunState s;
+            runstate_alloc(&s, m, &runs[k], nq + len, nq + len);
+            forward(m, &s, &runs[k], seq, nq + len, 0, LOGITS_ALL);
+            log_softmax(s.logits + (size_t)(nq + len - 2) * V, V, lp);
+            want[k] += lp[answer[len - 1]];
+            runstate_free(&s);
+        }
+        n++;
+    }
+    printf("    stop_profile: %d answers end; mean log p(stop): full %.4f, Nectar %.4f, no document %.4f\n",
+           got.n_answers, got.logp[0][STOP_BINS], got.logp[1][STOP_BINS], got.logp[2][STOP_BINS]);
+    check("stop_profile counts the answers the full cache ends", got.n_answers == n && n == r->n_full_ends);
+    if (n > 0) {
+        double means[2] = {want[0] / n, want[1] / n};
+        check_close("stop_profile: log p(stop) of the full cache and Nectar, by definition",
+                    (float[]){(float)got.logp[0][STOP_BINS], (float)got.logp[1][STOP_BINS]}, means, 2, 1e-4, 1e-4);
+    }
+    if (n > 0 && expect_oracle)  /* a document of BOS alone is no document */
+        check("oracle modules: Nectar's log p(stop) is the full cache's; no document's is not",
+              fabs(got.logp[1][STOP_BINS] - got.logp[0][STOP_BINS]) < 1e-4 &&
+              (n_doc == 1 || fabs(got.logp[2][STOP_BINS] - got.logp[0][STOP_BINS]) > 1e-3));
+    free(lp);
+}
+
 static void test_answer_metrics_match_definitions(const char *name, int n_doc, float error_std, int expect_oracle) {
     printf("answer metrics of evaluate(), %s\n", name);
     Model m;
@@ -1635,6 +1677,7 @@ static void test_answer_metrics_match_definitions(const char *name, int n_doc, f
         AnswerCount a = count_answers(&m, runs, &prompts, split, &r[split]);
         check_answer_split(&r[split], &a, split, n_doc, expect_oracle);
     }
+    check_stop_profile(&m, runs, &prompts, &r[EVAL_RANDOM], expect_oracle, n_doc);
     check_split_alone(&m, &cache, &ms, &prompts, EVAL_CHALLENGE, &r[EVAL_CHALLENGE]);
     check_split_alone(&m, &cache, &ms, &prompts, EVAL_TASKS, &r[EVAL_TASKS]);
     for (int split = 0; split < EVAL_SPLITS; split++) evalresult_free(&r[split]);
