@@ -143,33 +143,41 @@ static int full_cache_rollout(const SelfStudyInputs *in, const int *tokens, int 
 /* Spans and continuations                                                  */
 
 /* Half the prompts quote a document span, half continue one with the
- * model's own sampled tokens; spans of [cap / 2, cap] tokens. */
+ * model's own sampled tokens; spans of [cap / 2, cap] tokens. The
+ * continuations are sampled SPAN_BATCH rollouts a forward. */
+enum { SPAN_BATCH = 16 };
 static void make_spans(const SelfStudyOptions *o, const SelfStudyInputs *in, PromptBuilder *b) {
     uint64_t rng = o->seed * 2654435761ULL + 17;
-    int n_doc = in->n_doc, cap = o->prompt_len < n_doc ? o->prompt_len : n_doc;
+    int n_doc = in->n_doc, cap = o->prompt_len < n_doc ? o->prompt_len : n_doc, n = o->n_spans;
     Sampler sampler;
     sampler_init(&sampler, in->model->config.vocab_size, 0.8f, 0.95f, o->seed + 1);
-    int *buf = xmalloc((cap + 1) * sizeof(int));
+    int *seqs = xmalloc(((size_t)n * cap + 1) * sizeof(int)), *lens = xmalloc((n + 1) * sizeof(int));  /* (n, cap), (n) */
+    RunState s;
+    runstate_alloc_seqs(&s, in->model, in->doc, cap > SPAN_BATCH ? cap : SPAN_BATCH, cap, SPAN_BATCH);
+    Rollout batch[SPAN_BATCH];
+    const int no_stop[2] = {-1, -1};
+    int m = 0;
     double t0 = now_seconds();
-    for (int i = 0; i < o->n_spans; i++) {
+    for (int i = 0; i < n; i++) {
         int len = cap / 2 + (int)(rng_u32(&rng) % (cap - cap / 2 + 1));  /* in [cap/2, cap] */
         if (len < 2) len = 2 <= n_doc ? 2 : n_doc;
         int start = 1 + (int)(rng_u32(&rng) % (uint32_t)(n_doc - len > 0 ? n_doc - len : 1));
         if (start + len > n_doc) start = n_doc - len;
-        if (i % 2 == 0 || len < 4) {  /* quote: a span of the document */
-            add_prompt(b, in->doc_ids + start, len, 0);
-        } else {                        /* continue: half a span, then the model's own sampled tokens */
-            int half = len / 2;
-            const int no_stop[2] = {-1, -1};
-            memcpy(buf, in->doc_ids + start, half * sizeof(int));
-            full_cache_rollout(in, buf, half, no_stop, &sampler, len - half, buf + half);
-            add_prompt(b, buf, len, 0);
+        int quote = i % 2 == 0 || len < 4, half = quote ? len : len / 2, *seq = seqs + (size_t)i * cap;
+        memcpy(seq, in->doc_ids + start, half * sizeof(int));  /* a quote: the span; else its first half */
+        lens[i] = len;
+        if (!quote) batch[m++] = (Rollout){seq, half, len - half, seq + half, 0};  /* then the model's own tokens */
+        if (m > 0 && (m == SPAN_BATCH || i + 1 == n)) {
+            generate(in, &s, no_stop, &sampler, batch, m);
+            m = 0;
+            print_progress("spans", i + 1, n, t0);
         }
-        if (i % 20 == 19 || i + 1 == o->n_spans) print_progress("spans", i + 1, o->n_spans, t0);
     }
-    if (o->n_spans) fprintf(stderr, "\n");
+    for (int i = 0; i < n; i++) add_prompt(b, seqs + (size_t)i * cap, lens[i], 0);
+    if (n) fprintf(stderr, "\n");
+    runstate_free(&s);
     sampler_free(&sampler);
-    free(buf);
+    free(seqs); free(lens);
 }
 
 
