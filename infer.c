@@ -86,8 +86,8 @@ static void usage(FILE *f) {
         "  --gpu          run on the GPU (builds with nvcc; one document; not with --eval or --qa)\n"
         "  --help         this text\n"
         "Modes: with -d/-D the document's KV cache is used (exact); with -k the module is\n"
-        "used instead (if -d/-D is also given, it must be the document the module was fitted\n"
-        "to); with neither, there is no document.\n", MAX_DOCUMENTS);
+        "used instead (given beside the document it was fitted to, it stands in for it;\n"
+        "another document makes a composition); with neither, there is no document.\n", MAX_DOCUMENTS);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -170,6 +170,9 @@ static const char *options_problem(const Options *o) {
     if (o->stops && (!o->eval || o->drift || o->answers)) return "--stops is a mode of --eval of its own; add --eval, drop "
                                                                  "--drift and --answers";
     if (o->joined && o->n_texts < 2) return "--joined prefills several documents as one; give two or more -d/-D";
+    if (o->joined && o->n_modules && !(o->eval || o->compare || o->qa_path))
+        return "--joined makes the full cache, which generation with modules does not read; add --compare, --eval "
+               "or --qa, or drop --joined";
 #ifndef NECTAR_CUDA
     if (o->gpu) return NO_GPU_SUPPORT;
 #endif
@@ -434,6 +437,11 @@ static int load_documents(const Options *o, Inputs *in) {
     }
     for (int k = 0; rc == 0 && k < in->n_parts; k++)
         if (in->parts[k].module_path) rc = check_part_modules(o, in, &in->parts[k], k);
+    if (rc == 0 && in->n_before >= in->model.config.seq_len) {
+        fprintf(stderr, "error: the documents (%d tokens) leave no room in the model's context of %d\n", in->n_before,
+                in->model.config.seq_len);
+        rc = -1;
+    }
     for (int k = 0; rc == 0 && k < in->n_parts; k++)
         if (!in->parts[k].text_path && (o->eval || o->compare || o->qa_path || o->joined)) {
             fprintf(stderr, "error: %s stands for a document whose text is not given; --eval, --compare, --qa and "
@@ -797,18 +805,19 @@ static int print_stops(const Options *o, const Inputs *in, const Compositions *c
                     "log p(stop) there, teacher-forced\n  %-14s %6s %12s %12s %12s   %s\n", k ? "\n" : "", names[k],
                     r.n_answers, "stop at token", "count", "full cache", "Nectar", "no document",
                     "stop the likeliest: full / Nectar / no doc");
-        for (int b = 0; b <= r.n_bins; b++) {
+        for (int b = 0, first = 1; b <= r.n_bins; b++) {
             int at = b < r.n_bins ? b : STOP_BINS;  /* the bins, then all of them */
             if (r.count[at] == 0) continue;
             if (o->json) printf("%s{\"lo\": %d, \"hi\": %d, \"count\": %d, \"logp\": [%.6g, %.6g, %.6g], "
-                                "\"top\": [%.6f, %.6f, %.6f]}", b ? ", " : "", b < r.n_bins ? r.lo[b] : 0,
-                                b < r.n_bins ? r.hi[b] : ms->heldout.answer_cap, r.count[at], r.logp[0][at],
+                                "\"top\": [%.6f, %.6f, %.6f]}", first ? "" : ", ", b < r.n_bins ? r.lo[b] : 0,
+                                b < r.n_bins ? r.hi[b] : split[splits[k]].answer_cap, r.count[at], r.logp[0][at],
                                 r.logp[1][at], r.logp[2][at], r.top[0][at], r.top[1][at], r.top[2][at]);
             else if (b < r.n_bins) printf("  %5d - %-6d %6d %12.4f %12.4f %12.4f   %.3f / %.3f / %.3f\n", r.lo[b],
                                           r.hi[b], r.count[at], r.logp[0][at], r.logp[1][at], r.logp[2][at],
                                           r.top[0][at], r.top[1][at], r.top[2][at]);
             else printf("  %-14s %6d %12.4f %12.4f %12.4f   %.3f / %.3f / %.3f\n", "all", r.count[at], r.logp[0][at],
                         r.logp[1][at], r.logp[2][at], r.top[0][at], r.top[1][at], r.top[2][at]);
+            first = 0;
         }
         if (o->json) printf("]}");
     }

@@ -1247,6 +1247,10 @@ int forward_check(const Model *m, const RunState *s, const Document *doc, const 
                 "(block %d, capacity %d)\n", ntok, pos, s->max_block, s->capacity);
         return -1;
     }
+    if (s->taps.q && doc->next) {  /* the taps keep one document's state */
+        fprintf(stderr, "error: the teacher's taps record one document's state, not a composition's\n");
+        return -1;
+    }
     return segment_check(m, s, &one) != 0 ? -1 : document_check(s, doc);
 }
 

@@ -369,7 +369,8 @@ int document_count(const Document *doc);
  * queries and document states. */
 typedef struct {
     float *q;       /* (L, B, D) rotated queries */
-    float *doc_A;   /* (L, B, D) document state A per query head */
+    float *doc_A;   /* (L, B, D) document state A per query head (one document: forward_check refuses a
+                       composition) */
     float *doc_lse; /* (L, B, H) document state lse (alpha) */
 } TeacherTaps;
 
@@ -390,7 +391,8 @@ typedef struct {
 /* The forward buffers of a block of up to B tokens, the local KV cache, and
  * the optional taps and backward buffers. */
 typedef struct {
-    int max_block, capacity, max_doc;  /* B, local tokens cached per sequence, n */
+    int max_block, capacity, max_doc;  /* B, local tokens cached per sequence, n (the longest exact
+                                          document's of a composition) */
     int n_seqs;                        /* S: sequences with a local cache of their own */
     int with_modules;                  /* sized for documents' modules (DOC_NECTAR) */
     float *x;       /* (B, D) residual stream */
@@ -399,12 +401,13 @@ typedef struct {
     float *k;       /* (B, KVD) */
     float *v;       /* (B, KVD) */
     float *att;     /* (B, D) merged attention output of every head */
-    float *doc_A;   /* (B, H, d) document state per query head */
+    float *doc_A;   /* (B, H, d) document state per query head (of a composition: all its documents merged) */
     float *doc_lse; /* (B, H) */
     float *loc_A;   /* (B, H, d) local state */
     float *loc_lse; /* (B, H) */
-    float *tile_A;  /* (B, H, d) the local state of one tile of keys, merged into loc_A */
-    float *tile_lse;/* (B, H) */
+    float *tile_A;  /* (B, H, d) the local state of one tile of keys, merged into loc_A; before the
+                       local states, a later document's state (compose_documents) */
+    float *tile_lse;/* (B, H) the same; after the merge, the merged lse (unused downstream) */
     float *rope;    /* (B, d) cos and sin of each row's RoPE angles, the pair (cos, sin) of pair i at 2 (i / 2) */
     float *rope_doc;/* (d) the same for one offset: a later document's, to rotate queries back by */
     float *x_mid;   /* (B, D) residual after attention */

@@ -1284,6 +1284,10 @@ int backward_cuda(const Model *m, RunStateCuda *rs, const Document *doc, int nto
     BackwardBuffers *b = &s->back;
     const Config *c = &m->config;
     int D = c->dim, V = c->vocab_size, L = c->n_layers;
+    if (doc->next) {
+        fprintf(stderr, "error: backward takes one document, not a composition\n");
+        return -1;
+    }
     if (!b->saved_x || ntok != s->block_ntok || s->block_pos != 0) {
         fprintf(stderr, "error: backward needs a run state with backward enabled and the block just run from position 0\n");
         return -1;

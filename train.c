@@ -534,6 +534,17 @@ static int load_eval_tasks(const char *path, const Inputs *in, const PromptSet *
 static int read_self_study(const Options *o, const Inputs *in, PromptSet *all, PromptSet *eval_tasks) {
     if (selfstudy_load(o->self_study_path, in->model.fingerprint, in->cache.fingerprint, all, eval_tasks) != 0)
         return -1;
+    const PromptSet *sets[2] = {all, eval_tasks};  /* ids within the vocabulary, lengths within the context */
+    for (int k = 0; k < 2; k++) {
+        const PromptSet *p = sets[k];
+        if (p->n_prompts > 0 && check_tokens(&in->model, p->tokens, p->offsets[p->n_prompts], o->self_study_path) != 0)
+            return -1;
+        if (p->n_prompts > 0 && in->n_doc + promptset_max_len(p) > in->model.config.seq_len) {
+            fprintf(stderr, "error: --self-study %s: a prompt of %d tokens after the document (%d) exceeds the context "
+                    "of %d\n", o->self_study_path, promptset_max_len(p), in->n_doc, in->model.config.seq_len);
+            return -1;
+        }
+    }
     PromptSet want = {.answer_cap = o->answer_len};  /* this run's conventions, as make_prompt_set sets them */
     answer_conventions(in->tokp, o->chat, &want);
     int same = all->answer_cap == want.answer_cap && !memcmp(all->answer_stop, want.answer_stop, sizeof want.answer_stop) &&

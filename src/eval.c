@@ -126,14 +126,15 @@ static const ModuleSet *module_fit(const Document *full, const Document *nectar)
     return single ? nectar->modules : NULL;
 }
 
+/* measure_fit: the module fit too (module_fit), with the taps it reads. */
 static void evaluation_start(Evaluation *e, const Model *m, const Document *full, const Document *nectar,
-                             const PromptSet *prompts, int max_len) {
+                             const PromptSet *prompts, int max_len, int measure_fit) {
     const Config *c = &m->config;
     int L = c->n_layers, H = c->n_heads, d = c->dim / H, group = H / c->n_kv_heads, V = c->vocab_size;
     memset(e, 0, sizeof(*e));
     e->full = full;
     e->nectar = nectar;
-    e->fit = module_fit(full, nectar);
+    e->fit = measure_fit ? module_fit(full, nectar) : NULL;
     e->max_len = max_len;
     runstate_alloc(&e->sf, m, full, max_len, max_len);
     if (e->fit) runstate_enable_taps(&e->sf, m);
@@ -323,7 +324,7 @@ int evaluate(const Model *m, const Document *full, const Document *nectar, const
     int max_len = promptset_max_len(prompts), rc = evaluation_check(m, full, nectar, prompts, max_len);
     if (rc == 0) {
         Evaluation e;
-        evaluation_start(&e, m, full, nectar, prompts, max_len);
+        evaluation_start(&e, m, full, nectar, prompts, max_len, 1);
         EvalProgress progress = eval_progress_start("evaluation: prompts", prompts->n_prompts);
         for (int i = 0; i < prompts->n_prompts && rc == 0; i++) {
             int len = prompts->offsets[i + 1] - prompts->offsets[i];
@@ -672,14 +673,24 @@ static int drift_bin(int t) {
 
 /* The chosen prompts' questions and the full cache's greedy continuations
  * of `length` tokens (no stop) after them, into seqs (n, stride). */
-static int drift_continuations(const Model *m, const Document *full, const PromptSet *p, const int *chosen, int n,
-                               int max_question, int length, int *seqs, int stride) {
+int prompts_with_questions(const PromptSet *p, int most, int *chosen, int *max_question) {
+    int n = 0;
+    *max_question = 1;
+    for (int i = 0; p->question_len && i < p->n_prompts && n < most; i++) {
+        if (p->question_len[i] == 0) continue;
+        chosen[n++] = i;
+        if (p->question_len[i] > *max_question) *max_question = p->question_len[i];
+    }
+    return n;
+}
+
+int continue_questions(const Model *m, const Document *doc, const PromptSet *p, const int *chosen, int n,
+                       int max_question, int length, int *seqs, int stride, const char *what) {
     RunState s;
     int block = max_question > ROLLOUT_BATCH ? max_question : ROLLOUT_BATCH, rc = 0;
-    runstate_alloc_seqs(&s, m, full, block, stride, ROLLOUT_BATCH);
+    runstate_alloc_seqs(&s, m, doc, block, stride, ROLLOUT_BATCH);
     Rollout batch[ROLLOUT_BATCH];
-    EvalProgress progress = eval_progress_start("drift: the full cache's continuations, batches",
-                                                (n + ROLLOUT_BATCH - 1) / ROLLOUT_BATCH);
+    EvalProgress progress = eval_progress_start(what, (n + ROLLOUT_BATCH - 1) / ROLLOUT_BATCH);
     for (int first = 0; first < n && rc == 0; first += ROLLOUT_BATCH) {
         int count = n - first < ROLLOUT_BATCH ? n - first : ROLLOUT_BATCH;
         for (int j = 0; j < count; j++) {
@@ -688,7 +699,7 @@ static int drift_continuations(const Model *m, const Document *full, const Promp
             memcpy(seq, p->tokens + p->offsets[i], nq * sizeof(int));
             batch[j] = (Rollout){seq, nq, length, seq + nq, 0};
         }
-        rc = rollouts(m, &s, full, (int[2]){-1, -1}, NULL, batch, count);  /* no stop: each runs to `length` */
+        rc = rollouts(m, &s, doc, (int[2]){-1, -1}, NULL, batch, count);  /* no stop: each runs to `length` */
         eval_progress_step(&progress);
     }
     eval_progress_end(&progress);
@@ -703,7 +714,7 @@ static int drift_measure(const Model *m, const Document *full, const Document *n
                          const int *chosen, const int *seqs, int stride, int length, DriftResult *r) {
     int L = m->config.n_layers, H = m->config.n_heads, V = m->config.vocab_size, rc = 0;
     Evaluation e;
-    evaluation_start(&e, m, full, nectar, p, stride);
+    evaluation_start(&e, m, full, nectar, p, stride, 0);
     Sums seq_bins[DRIFT_MAX_BINS], bins[DRIFT_MAX_BINS];
     for (int b = 0; b < r->n_bins; b++) { sums_alloc(&seq_bins[b], L, H); sums_alloc(&bins[b], L, H); }
     EvalProgress progress = eval_progress_start("drift: teacher-forced continuations", r->n_seqs);
@@ -734,15 +745,11 @@ static int drift_measure(const Model *m, const Document *full, const Document *n
 int drift_profile(const Model *m, const Document *full, const Document *nectar, const PromptSet *prompts, int length,
                   int n_seqs, DriftResult *r) {
     const Config *c = &m->config;
-    int max_question = 1, n = 0;
+    int max_question;
     memset(r, 0, sizeof(*r));
     if (evaluation_check(m, full, nectar, prompts, promptset_max_len(prompts)) != 0) return -1;
-    int *chosen = xmalloc((prompts->n_prompts + 1) * sizeof(int));
-    for (int i = 0; prompts->question_len && i < prompts->n_prompts && n < n_seqs; i++) {
-        if (prompts->question_len[i] == 0) continue;
-        chosen[n++] = i;
-        if (prompts->question_len[i] > max_question) max_question = prompts->question_len[i];
-    }
+    int *chosen = xmalloc((prompts->n_prompts + 1) * sizeof(int));  /* (n_prompts) */
+    int n = prompts_with_questions(prompts, n_seqs, chosen, &max_question);
     /* what the context leaves after the documents (or the prefix) and the longest question */
     int room = c->seq_len - tokens_before(full, prompts) - max_question;
     if (length > room) length = room;
@@ -762,7 +769,8 @@ int drift_profile(const Model *m, const Document *full, const Document *nectar, 
     }
     int stride = max_question + length;
     int *seqs = xmalloc((size_t)n * stride * sizeof(int));
-    int rc = drift_continuations(m, full, prompts, chosen, n, max_question, length, seqs, stride);
+    int rc = continue_questions(m, full, prompts, chosen, n, max_question, length, seqs, stride,
+                                "drift: the full cache's continuations, batches");
     if (rc == 0) rc = drift_measure(m, full, nectar, prompts, chosen, seqs, stride, length, r);
     free(seqs); free(chosen);
     return rc;
@@ -815,7 +823,7 @@ int stop_profile(const Model *m, const Document *full, const Document *nectar, c
         if (len > 0 && prompts->question_len[i] + len > max_len) max_len = prompts->question_len[i] + len;
     }
     Evaluation e;
-    evaluation_start(&e, m, full, nectar, prompts, max_len);
+    evaluation_start(&e, m, full, nectar, prompts, max_len, 0);
     int *seq = xmalloc(max_len * sizeof(int));  /* (max_len) a question, then its answer */
     for (int a = 0; a < answers->n_answers && rc == 0; a++) {
         int len = ended_answer(answers, prompts->answer_stop, a, &tokens), i = answers->answer_prompt[a];

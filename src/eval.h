@@ -120,7 +120,8 @@ int drift_profile(const Model *m, const Document *full, const Document *nectar, 
  * whether it is the model's likeliest token there, are averaged in bins of
  * T: [0, 16), [16, 32), [32, 64), ... and over all of them (bin n_bins).
  * A model that gives the stop less probability at T writes on where the
- * full cache ends. 0, or -1 after a sentence. */
+ * full cache ends. The answers are evaluate's, whose checks they passed.
+ * 0, or -1 after a sentence. */
 enum { STOP_FIRST_BIN = 16, STOP_BINS = 8 };
 typedef struct {
     int n_answers, n_bins;                    /* answers the full cache ends; bins [lo, hi) with some */
@@ -130,6 +131,18 @@ typedef struct {
 } StopResult;
 int stop_profile(const Model *m, const Document *full, const Document *nectar, const PromptSet *prompts,
                  const EvalResult *answers, StopResult *r);
+
+/* The first prompts of p with a question part, at most `most`: their
+ * indices into chosen (most), the longest question into *max_question;
+ * returns their count. */
+int prompts_with_questions(const PromptSet *p, int most, int *chosen, int *max_question);
+/* Each chosen prompt's question continued `length` tokens after doc, greedily
+ * and with no stop (a chat model writes on past its turn), 16 rollouts a
+ * forward, into seqs (n, stride): the question, then its continuation
+ * (stride >= max_question + length). `what` names the progress line. 0, or
+ * -1 after a sentence. */
+int continue_questions(const Model *m, const Document *doc, const PromptSet *p, const int *chosen, int n,
+                       int max_question, int length, int *seqs, int stride, const char *what);
 
 /* ------------------------------------------------------------------------ */
 /* Sampling: greedy, temperature, top-p (as llama2.c)                       */

@@ -461,7 +461,7 @@ static const char *module_header_problem(const ModuleFileHeader *h) {
     if (!(h->rho > 0.0f && h->rho <= 1e6f)) return "its budget rho is not a number in (0, 1e6]";
     if (h->chat != 0 && h->chat != 1) return "its chat flag is neither 0 nor 1";
     if (h->later != 0 && h->later != 1) return "its later-document flag is neither 0 nor 1";
-    if (h->n_heldout > 0 && (h->answer_cap < 1 || h->answer_cap > (1 << 20) || h->answer_stop[0] < -1 ||
+    if (h->n_heldout > 0 && (h->answer_cap < 0 || h->answer_cap > (1 << 20) || h->answer_stop[0] < -1 ||
                              h->answer_stop[1] < -1))
         return "its held-out prompts' answer cap or stop tokens are out of range";
     return NULL;
@@ -668,11 +668,12 @@ static const char *selfstudy_problem(const SelfStudyFileHeader *h, const unsigne
     if (!checksum_matches(buf, size)) return "its checksum does not match its bytes: the file is truncated or corrupt";
     size_t ints = (size_t)h->n_nodoc_prefix + 2;  /* the checksum's 8 bytes */
     for (int k = 0; k < 2; k++) {
-        if (h->n_prompts[k] < 0 || h->n_prompts[k] > (1 << 24) || h->n_tokens[k] < 0 || h->n_tokens[k] > (1 << 28))
+        if (h->n_prompts[k] < 0 || h->n_prompts[k] > (1 << 24) || h->n_tokens[k] < 0 || h->n_tokens[k] > (1 << 28) ||
+            (h->n_prompts[k] == 0 && h->n_tokens[k] != 0))
             return "its prompt counts are out of range";
         ints += 3 * (size_t)h->n_prompts[k] + (h->n_prompts[k] > 0) + h->n_tokens[k];  /* no offsets for none */
     }
-    if (h->n_prompts[0] < 1 || h->n_nodoc_prefix < 0 || h->n_nodoc_prefix > MAX_NODOC_PREFIX || h->answer_cap < 1 ||
+    if (h->n_prompts[0] < 1 || h->n_nodoc_prefix < 0 || h->n_nodoc_prefix > MAX_NODOC_PREFIX || h->answer_cap < 0 ||
         h->answer_cap > (1 << 20) || h->answer_stop[0] < -1 || h->answer_stop[1] < -1)
         return "its header fields are out of range";
     if (size != sizeof(*h) + ints * sizeof(int32_t)) return "its size does not match its header: it is corrupt";

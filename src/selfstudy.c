@@ -174,7 +174,7 @@ static void make_spans(const SelfStudyOptions *o, const SelfStudyInputs *in, Pro
         }
     }
     for (int i = 0; i < n; i++) add_prompt(b, seqs + (size_t)i * cap, lens[i], 0);
-    if (n) fprintf(stderr, "\n");
+    if (n) { print_progress("spans", n, n, t0); fprintf(stderr, "\n"); }
     runstate_free(&s);
     sampler_free(&sampler);
     free(seqs); free(lens);
@@ -691,42 +691,21 @@ static int read_user_prompts(const char *path, const Tokenizer *tok, const SelfS
  * far_prompts prompts of b that have one, each continued by the full
  * cache, greedily and with no stop, for far_len tokens (a chat model writes
  * on past its turn, as a long conversation goes on), at most what the
- * context leaves; added as continuations (no answer part), FAR_BATCH
- * rollouts a forward. */
-enum { FAR_BATCH = 16 };
+ * context leaves; added as continuations (no answer part). */
 static void make_far_prompts(const SelfStudyOptions *o, const SelfStudyInputs *in, PromptBuilder *b) {
-    const PromptSet *p = &b->set;
-    int n = 0, max_question = 1;
-    int *chosen = xmalloc((p->n_prompts + 1) * sizeof(int));  /* (n_prompts) the prompts with a question */
-    for (int i = 0; i < p->n_prompts && n < o->far_prompts; i++)
-        if (p->question_len[i] > 0) {
-            chosen[n++] = i;
-            if (p->question_len[i] > max_question) max_question = p->question_len[i];
-        }
+    int max_question, *chosen = xmalloc((b->set.n_prompts + 1) * sizeof(int));  /* (n_prompts) */
+    int n = prompts_with_questions(&b->set, o->far_prompts, chosen, &max_question);
     int room = in->model->config.seq_len - in->n_doc - max_question, length = o->far_len < room ? o->far_len : room;
+    if (length < 0) length = 0;
     if (n < o->far_prompts || length < o->far_len)
         fprintf(stderr, "note: %d prompts far from the document (of %d asked: the task prompts), %d tokens past their "
                 "questions (of %d: the context's room)\n", n, o->far_prompts, length, o->far_len);
-    int stride = max_question + length, *seqs = xmalloc((size_t)n * stride * sizeof(int) + 1);  /* (n, stride) */
-    for (int k = 0; k < n; k++)  /* the questions, copied: b grows below */
-        memcpy(seqs + (size_t)k * stride, p->tokens + p->offsets[chosen[k]], p->question_len[chosen[k]] * sizeof(int));
-    RunState s;
-    runstate_alloc_seqs(&s, in->model, in->doc, max_question > FAR_BATCH ? max_question : FAR_BATCH, stride, FAR_BATCH);
-    Rollout batch[FAR_BATCH];
-    const int no_stop[2] = {-1, -1};
-    double t0 = now_seconds();
-    for (int first = 0; first < n && length > 0; first += FAR_BATCH) {
-        int count = n - first < FAR_BATCH ? n - first : FAR_BATCH;
-        for (int j = 0; j < count; j++) {
-            int *seq = seqs + (size_t)(first + j) * stride, nq = b->set.question_len[chosen[first + j]];
-            batch[j] = (Rollout){seq, nq, length, seq + nq, 0};
-        }
-        generate(in, &s, no_stop, NULL, batch, count);
-        for (int j = 0; j < count; j++) add_prompt(b, batch[j].question, batch[j].n_question + batch[j].len, 0);
-        print_progress("prompts far from the document", first + count, n, t0);
-    }
-    if (n > 0 && length > 0) fprintf(stderr, "\n");
-    runstate_free(&s);
+    int stride = max_question + length, *seqs = xmalloc(((size_t)n * stride + 1) * sizeof(int));  /* (n, stride) */
+    if (n > 0 && length > 0 &&
+        continue_questions(in->model, in->doc, &b->set, chosen, n, max_question, length, seqs, stride,
+                           "prompts far from the document, batches") != 0) exit(1);  /* as generate */
+    for (int k = 0; k < n && length > 0; k++)
+        add_prompt(b, seqs + (size_t)k * stride, b->set.question_len[chosen[k]] + length, 0);
     free(seqs); free(chosen);
 }
 

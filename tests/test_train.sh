@@ -223,9 +223,21 @@ expect_refusal "--joined of one document is refused" "two or more" \
     "$bin/infer" -m "$tmp/model.bin" -D "$tmp/first.ids" -I "$tmp/prompt.ids" --joined
 expect_refusal "--drift of two module files is refused" "one -k" \
     "$bin/infer" -m "$tmp/model.bin" "${docs[@]}" -k "$tmp/first.nectar" -k "$tmp/second.nectar" --eval --drift 8
+expect_refusal "--joined where generation reads modules is refused" "does not read" \
+    "$bin/infer" -m "$tmp/model.bin" "${docs[@]}" -k "$tmp/second.nectar" --joined -I "$tmp/prompt.ids"
+expect_refusal "documents beyond the context together are refused" "leave no room" \
+    "$bin/infer" -m "$tmp/model.bin" -D "$tmp/doc.ids" -D "$tmp/doc2.ids" -I "$tmp/prompt.ids"
 expect_refusal "a composition of nine documents is refused" "more than 8 documents" \
     "$bin/infer" -m "$tmp/model.bin" $(for i in 1 2 3 4 5 6 7 8 9; do printf -- '-D %s ' "$tmp/prompt.ids"; done) \
     -I "$tmp/prompt.ids"
+
+# --answer-len 0 (no answers): its self-study file and its module file read back
+train -o "$tmp/cap0.nectar" --steps 0 --answer-len 0 --save-self-study "$tmp/cap0.ss" > /dev/null 2> "$tmp/log" &&
+    "$bin/train" -m "$tmp/model.bin" -D "$tmp/doc.ids" --prompt-len 32 --loss regression --steps 0 --answer-len 0 \
+        --self-study "$tmp/cap0.ss" -o "$tmp/cap0_again.nectar" > /dev/null 2>> "$tmp/log" &&
+    "$bin/infer" -m "$tmp/model.bin" -D "$tmp/doc.ids" -k "$tmp/cap0_again.nectar" --eval > /dev/null 2>> "$tmp/log" &&
+    cmp -s "$tmp/cap0.nectar" "$tmp/cap0_again.nectar" && ok "--answer-len 0: its self-study and module files read back" \
+    || { fail "--answer-len 0"; tail -n 3 "$tmp/log"; }
 
 # answers: the --prompt-ids lines are questions; their held-out ones get greedy rollouts (no tokenizer, so no
 # newline stop: each answer runs to --answer-len tokens) in train's JSON and table, infer --eval and --answers
