@@ -70,7 +70,8 @@ static void usage(FILE *f) {
         "  --eval         with -k and -d/-D: metrics on the held-out prompts kept in the module\n"
         "  --json         with --eval or --qa: one JSON object on stdout\n"
         "  --answers      with --eval: each held-out task prompt with its exact, Nectar and\n"
-        "                 no-document greedy answers, then the answer match (instead of the tables)\n"
+        "                 no-document greedy answers, then the answer match (instead of the tables;\n"
+        "                 with --json, the answers' token ids beside the metrics)\n"
         "  --drift N      with --eval, instead of its tables: the full cache continues held-out task\n"
         "                 prompts N tokens (no stop), and KL(full || Nectar, no document) and top-1\n"
         "                 agreement along them, in bins of the distance from the document\n"
@@ -161,7 +162,7 @@ static const char *options_problem(const Options *o) {
         return "--qa needs the document (-d/-D): the full cache is what the others are held to";
     if (o->qa_path && (o->eval || o->compare)) return "--qa is a mode of its own; drop --eval and --compare";
     if (o->json && !o->eval && !o->qa_path) return "--json is the output of --eval or --qa; add one or drop --json";
-    if (o->answers && (!o->eval || o->json)) return "--answers is a text output of --eval; add --eval and drop --json";
+    if (o->answers && !o->eval) return "--answers is an output of --eval; add --eval";
     if (o->gpu && (o->eval || o->qa_path)) return "--eval and --qa run on the CPU; drop --gpu";
     if ((o->drift || o->drift_prompts) && !o->eval) return "--drift and --drift-prompts are a mode of --eval; add --eval";
     if (o->drift_prompts && !o->drift) return "--drift-prompts needs --drift N";
@@ -790,6 +791,31 @@ static int run_drift(const Options *o, const Inputs *in, const Compositions *c) 
     return 0;
 }
 
+/* --answers --json: ", \"answers\": {split: [{\"prompt\": i, \"full\": [ids],
+ * \"nectar\": [...], \"nodoc\": [...]}, ...], ...}" for each split with
+ * answers, i the prompt's index among the module file's held-out ones. */
+static void print_answers_json(const EvalResult split[EVAL_SPLITS]) {
+    static const char *const keys[EVAL_SPLITS] = {"random", "challenge", "tasks"}, *const runs[3] = {"full", "nectar",
+                                                                                                   "nodoc"};
+    printf(", \"answers\": {");
+    for (int k = 0; k < EVAL_SPLITS; k++) {
+        const EvalResult *r = &split[k];
+        printf("%s\"%s\": [", k ? ", " : "", keys[k]);
+        for (int a = 0; a < r->n_answers; a++) {
+            printf("%s{\"prompt\": %d", a ? ", " : "", r->answer_prompt[a]);
+            for (int j = 0; j < 3; j++) {
+                const int *ids = r->answer_tokens + ((size_t)a * 3 + j) * r->answer_cap;
+                printf(", \"%s\": [", runs[j]);
+                for (int t = 0; t < r->answer_len[(size_t)a * 3 + j]; t++) printf("%s%d", t ? ", " : "", ids[t]);
+                printf("]");
+            }
+            printf("}");
+        }
+        printf("]");
+    }
+    printf("}");
+}
+
 /* --stops: where the answers of the random split and of the
  * evaluation-only tasks end (stop_profile), a table or a JSON object. */
 static int print_stops(const Options *o, const Inputs *in, const Compositions *c, const ModuleSet *ms,
@@ -843,6 +869,7 @@ static int eval_module(const Options *o, const Inputs *in, const Compositions *c
                ms->arch == ARCH_MLP ? "mlp" : "quad", ms->rho, ms->n_params,
                2L * cf->n_layers * ms->n_doc * (cf->dim / cf->n_heads) * cf->n_kv_heads);
         print_eval_splits_json(stdout, split);
+        if (o->answers) print_answers_json(split);
         printf("}");
     } else if (o->answers) {
         printf("held-out task prompts (random split): greedy answers to the model's stop or %d tokens\n",

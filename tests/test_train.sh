@@ -260,6 +260,15 @@ train -o "$tmp/answers.nectar" --steps 200 --prompt-ids "$tmp/questions.ids" --a
 [ "$(grep -c '^\[' "$tmp/answers.list")" -eq "$n" ] && [ "$(grep -c '^    Nectar: ' "$tmp/answers.list")" -eq "$n" ] \
     && grep -q "^random split: Nectar's answer equals the full cache's on" "$tmp/answers.list" \
     && ok "infer --eval --answers: each held-out task prompt, then the match" || fail "infer --eval --answers"
+"$bin/infer" -m "$tmp/model.bin" -D "$tmp/doc.ids" -k "$tmp/answers.nectar" --eval --answers --json \
+    > "$tmp/answers_ids.json" 2> /dev/null
+python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+ok = all(len(d["answers"][k]) == d[k]["n_answers"] and
+         sum(a["nectar"] == a["full"] for a in d["answers"][k]) == round(d[k]["answer_match"] * d[k]["n_answers"])
+         for k in ("random", "challenge"))
+sys.exit(not ok)' "$tmp/answers_ids.json" && ok "infer --eval --answers --json: the answers, and the match they make" \
+    || fail "infer --eval --answers --json"
 # the KL term's teacher logits recomputed at each step (--teacher-logits-mb 0) instead of kept: the same fit,
 # but for the last bits of the batched teacher pass against a prompt alone
 train -o "$tmp/kl_kept.nectar" --steps 30 --loss kl --json > "$tmp/kl_kept.json" 2> /dev/null
