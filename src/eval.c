@@ -673,11 +673,11 @@ static int drift_bin(int t) {
 
 /* The chosen prompts' questions and the full cache's greedy continuations
  * of `length` tokens (no stop) after them, into seqs (n, stride). */
-int prompts_with_questions(const PromptSet *p, int most, int *chosen, int *max_question) {
+int prompts_with_questions(const PromptSet *p, int split, int most, int *chosen, int *max_question) {
     int n = 0;
     *max_question = 1;
     for (int i = 0; p->question_len && i < p->n_prompts && n < most; i++) {
-        if (p->question_len[i] == 0) continue;
+        if (p->question_len[i] == 0 || (split >= 0 && p->split[i] != split)) continue;
         chosen[n++] = i;
         if (p->question_len[i] > *max_question) *max_question = p->question_len[i];
     }
@@ -749,7 +749,9 @@ int drift_profile(const Model *m, const Document *full, const Document *nectar, 
     memset(r, 0, sizeof(*r));
     if (evaluation_check(m, full, nectar, prompts, promptset_max_len(prompts)) != 0) return -1;
     int *chosen = xmalloc((prompts->n_prompts + 1) * sizeof(int));  /* (n_prompts) */
-    int n = prompts_with_questions(prompts, n_seqs, chosen, &max_question);
+    int tasks = 0;  /* the evaluation-only tasks where there are any: never trained on, and shared by fits */
+    for (int i = 0; i < prompts->n_prompts; i++) tasks |= prompts->split[i] == SPLIT_TASKS;
+    int n = prompts_with_questions(prompts, tasks ? SPLIT_TASKS : -1, n_seqs, chosen, &max_question);
     /* what the context leaves after the documents (or the prefix) and the longest question */
     int room = c->seq_len - tokens_before(full, prompts) - max_question;
     if (length > room) length = room;

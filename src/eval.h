@@ -94,7 +94,7 @@ void evalresult_free(EvalResult *r);
 
 /* Drift: how close Nectar stays to the full cache far from the document.
  * The full cache continues each of the first n_seqs held-out prompts with
- * a question part (its question, then `length` greedy tokens, no stop:
+ * a question part (the evaluation-only tasks where the set has any) (its question, then `length` greedy tokens, no stop:
  * a chat model writes on past its turn), shortened to what the context
  * leaves; each sequence then runs teacher-forced through the full cache,
  * Nectar and no document, and the KL(full || model) and top-1 agreement of
@@ -132,10 +132,10 @@ typedef struct {
 int stop_profile(const Model *m, const Document *full, const Document *nectar, const PromptSet *prompts,
                  const EvalResult *answers, StopResult *r);
 
-/* The first prompts of p with a question part, at most `most`: their
- * indices into chosen (most), the longest question into *max_question;
- * returns their count. */
-int prompts_with_questions(const PromptSet *p, int most, int *chosen, int *max_question);
+/* The first prompts of p with a question part (of split `split`; -1: any),
+ * at most `most`: their indices into chosen (most), the longest question
+ * into *max_question; returns their count. */
+int prompts_with_questions(const PromptSet *p, int split, int most, int *chosen, int *max_question);
 /* Each chosen prompt's question continued `length` tokens after doc, greedily
  * and with no stop (a chat model writes on past its turn), 16 rollouts a
  * forward, into seqs (n, stride): the question, then its continuation

@@ -694,7 +694,7 @@ static int read_user_prompts(const char *path, const Tokenizer *tok, const SelfS
  * context leaves; added as continuations (no answer part). */
 static void make_far_prompts(const SelfStudyOptions *o, const SelfStudyInputs *in, PromptBuilder *b) {
     int max_question, *chosen = xmalloc((b->set.n_prompts + 1) * sizeof(int));  /* (n_prompts) */
-    int n = prompts_with_questions(&b->set, o->far_prompts, chosen, &max_question);
+    int n = prompts_with_questions(&b->set, -1, o->far_prompts, chosen, &max_question);
     int room = in->model->config.seq_len - in->n_doc - max_question, length = o->far_len < room ? o->far_len : room;
     if (length < 0) length = 0;
     if (n < o->far_prompts || length < o->far_len)
