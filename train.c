@@ -9,7 +9,8 @@
  *    continuations of them, tasks the full-cache model writes about the
  *    document and answers, and prompts from a file; a seeded 80/20 split
  *    into train and held-out; evaluation-only tasks, made as the tasks but
- *    from another seed and never trained on;
+ *    from another seed and never trained on; with --far-prompts, training
+ *    prompts that reach far from the document;
  * 3. teacher pass: the full-cache model runs every prompt after the document
  *    and records, per position, layer and query head, q, alpha(q) and A(q);
  *    the challenge subset of the held-out prompts;
@@ -152,9 +153,10 @@ static void usage(FILE *f) {
         "                    model and document instead of making them: fits compared on the same tasks,\n"
         "                    and no time spent making them again\n"
         "  --prompt-len N    prompt length cap in tokens, answer included (default 80; 196 with --chat)\n"
-        "  --far-prompts K   K more self-study prompts that reach far from the document: the questions of\n"
-        "                    the first K task prompts, each continued by the full cache, greedily and\n"
-        "                    past its stop, for --far-len tokens (default 0: none)\n"
+        "  --far-prompts K   K more training prompts that reach far from the document: the questions of\n"
+        "                    the first K training task prompts, each continued by the full cache,\n"
+        "                    greedily and past its stop, for --far-len tokens (default 0: none; with\n"
+        "                    --self-study too: they are made after the split)\n"
         "  --far-len N       how far past their questions those prompts go (default 512; at most what\n"
         "                    the context leaves)\n"
         "  --save-self-study FILE  write this run's self-study prompts and evaluation-only tasks to FILE\n"
@@ -288,9 +290,9 @@ static const char *check_options(const Options *o) {
     if (o->eval_tasks_from && o->eval_tasks != NOT_GIVEN)
         return "--eval-tasks and --eval-tasks-from both give the evaluation-only tasks; give one";
     if (o->self_study_path && (o->n_prompts != NOT_GIVEN || o->n_tasks != NOT_GIVEN || o->eval_tasks != NOT_GIVEN ||
-                               o->eval_tasks_from || o->prompts_text_path || o->prompts_ids_path || o->far_prompts))
+                               o->eval_tasks_from || o->prompts_text_path || o->prompts_ids_path))
         return "--self-study gives the prompts and the evaluation-only tasks; drop --n-prompts, --tasks, --eval-tasks, "
-               "--eval-tasks-from, --prompts, --prompt-ids and --far-prompts";
+               "--eval-tasks-from, --prompts and --prompt-ids";
     if (o->self_study_path && o->save_self_study_path)
         return "--self-study reads a saved self-study; --save-self-study would write it again";
     if (o->chat == 1 && (o->doc_ids_path || o->prompts_ids_path))
@@ -561,14 +563,21 @@ static int read_self_study(const Options *o, const Inputs *in, PromptSet *all, P
     return -1;
 }
 
+/* Self-study's options and inputs (selfstudy.h), as train's options set them. */
+static void selfstudy_setup(const Options *o, const Inputs *in, SelfStudyOptions *so, SelfStudyInputs *si) {
+    *so = (SelfStudyOptions){o->n_prompts, o->n_tasks, o->prompt_len, o->answer_len, o->chat, o->seed,
+                             o->prompts_text_path, o->prompts_ids_path, NULL, 0,  /* no label, not eval-only */
+                             o->far_prompts, o->far_len};
+    *si = (SelfStudyInputs){&in->model, in->tokp, in->doc_text, in->doc_ids, in->n_doc, &in->doc};
+}
+
 /* Self-study with train's options (selfstudy.c), and the evaluation-only
  * tasks, made as its tasks from another seed or taken from a module file;
  * or both from a self-study file. --save-self-study writes them. */
 static int make_prompts(const Options *o, const Inputs *in, PromptSet *all, PromptSet *eval_tasks) {
-    SelfStudyOptions so = {o->n_prompts, o->n_tasks, o->prompt_len, o->answer_len, o->chat, o->seed,
-                           o->prompts_text_path, o->prompts_ids_path, NULL, 0,  /* no label, not eval-only */
-                           o->far_prompts, o->far_len};
-    SelfStudyInputs si = {&in->model, in->tokp, in->doc_text, in->doc_ids, in->n_doc, &in->doc};
+    SelfStudyOptions so;
+    SelfStudyInputs si;
+    selfstudy_setup(o, in, &so, &si);
     if (o->self_study_path) return read_self_study(o, in, all, eval_tasks);
     if (make_prompt_set(&so, &si, all) != 0) return -1;
     if (o->eval_tasks_from && load_eval_tasks(o->eval_tasks_from, in, all, eval_tasks) != 0) return -1;
@@ -578,6 +587,23 @@ static int make_prompts(const Options *o, const Inputs *in, PromptSet *all, Prom
         return -1;
     fprintf(stderr, "wrote the self-study to %s\n", o->save_self_study_path);
     return 0;
+}
+
+/* --far-prompts: prompts far from the document, made from the training
+ * prompts' questions (so that no held-out answer is trained on), join the
+ * set as training prompts. */
+static void add_far_prompts(const Options *o, const Inputs *in, PromptSet *all, unsigned char **is_train) {
+    SelfStudyOptions so;
+    SelfStudyInputs si;
+    selfstudy_setup(o, in, &so, &si);
+    PromptSet far;
+    make_far_prompts(&so, &si, all, *is_train, &far);
+    PromptSet joined = join_prompts(all, &far, SPLIT_RANDOM);
+    *is_train = realloc(*is_train, (size_t)joined.n_prompts + 1);
+    if (!*is_train) { fprintf(stderr, "error: out of memory\n"); exit(1); }
+    memset(*is_train + all->n_prompts, 1, far.n_prompts);
+    promptset_free(all); promptset_free(&far);
+    *all = joined;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -1470,9 +1496,10 @@ int main(int argc, char **argv) {
     if (rc == 0) rc = make_modules(&o, &r.in, &r.ms);
     if (rc == 0 && o.init_path) rc = load_init(o.init_path, &r.in, &r.ms, &r.init);
 
-    /* 2. prompts, the evaluation-only tasks and the split */
+    /* 2. prompts, the evaluation-only tasks and the split; then any training prompts far from the document */
     if (rc == 0) rc = make_prompts(&o, &r.in, &r.all, &r.eval_tasks);
     if (rc == 0) r.is_train = split_prompts(r.all.n_prompts, o.seed);
+    if (rc == 0 && o.far_prompts > 0) add_far_prompts(&o, &r.in, &r.all, &r.is_train);
 
     /* 3. the teacher pass and the challenge split; 4. the modules initialised */
     if (rc == 0) rc = teach_and_initialise(&o, &r);

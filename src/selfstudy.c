@@ -687,26 +687,26 @@ static int read_user_prompts(const char *path, const Tokenizer *tok, const SelfS
 /* ------------------------------------------------------------------------ */
 /* Far from the document                                                    */
 
-/* Prompts that reach far past the document: the questions of the first
- * far_prompts prompts of b that have one, each continued by the full
- * cache, greedily and with no stop, for far_len tokens (a chat model writes
- * on past its turn, as a long conversation goes on), at most what the
- * context leaves; added as continuations (no answer part). */
-static void make_far_prompts(const SelfStudyOptions *o, const SelfStudyInputs *in, PromptBuilder *b) {
-    int max_question, *chosen = xmalloc((b->set.n_prompts + 1) * sizeof(int));  /* (n_prompts) */
-    int n = prompts_with_questions(&b->set, -1, o->far_prompts, chosen, &max_question);
+void make_far_prompts(const SelfStudyOptions *o, const SelfStudyInputs *in, const PromptSet *from,
+                      const unsigned char *keep, PromptSet *out) {
+    PromptSet kept = select_prompts(from, keep, 1);
+    PromptBuilder b = {0};
+    copy_conventions(&b.set, from);
+    int max_question, *chosen = xmalloc((kept.n_prompts + 1) * sizeof(int));  /* (n_prompts) */
+    int n = prompts_with_questions(&kept, -1, o->far_prompts, chosen, &max_question);
     int room = in->model->config.seq_len - in->n_doc - max_question, length = o->far_len < room ? o->far_len : room;
     if (length < 0) length = 0;
     if (n < o->far_prompts || length < o->far_len)
-        fprintf(stderr, "note: %d prompts far from the document (of %d asked: the task prompts), %d tokens past their "
-                "questions (of %d: the context's room)\n", n, o->far_prompts, length, o->far_len);
+        fprintf(stderr, "note: %d prompts far from the document (of %d asked: the training task prompts), %d tokens "
+                "past their questions (of %d: the context's room)\n", n, o->far_prompts, length, o->far_len);
     int stride = max_question + length, *seqs = xmalloc(((size_t)n * stride + 1) * sizeof(int));  /* (n, stride) */
     if (n > 0 && length > 0 &&
-        continue_questions(in->model, in->doc, &b->set, chosen, n, max_question, length, seqs, stride,
+        continue_questions(in->model, in->doc, &kept, chosen, n, max_question, length, seqs, stride,
                            "prompts far from the document, batches") != 0) exit(1);  /* as generate */
-    for (int k = 0; k < n && length > 0; k++)
-        add_prompt(b, seqs + (size_t)k * stride, b->set.question_len[chosen[k]] + length, 0);
+    for (int k = 0; k < n && length > 0; k++) add_prompt(&b, seqs + (size_t)k * stride, kept.question_len[chosen[k]] + length, 0);
+    *out = b.set;
     free(seqs); free(chosen);
+    promptset_free(&kept);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -722,7 +722,6 @@ int make_prompt_set(const SelfStudyOptions *o, const SelfStudyInputs *in, Prompt
     int rc = 0;
     if (o->prompts_text_path) rc = read_user_prompts(o->prompts_text_path, in->tok, o, in, b.set.answer_stop, &b);
     if (rc == 0 && o->prompts_ids_path) rc = read_user_prompts(o->prompts_ids_path, NULL, o, in, b.set.answer_stop, &b);
-    if (rc == 0 && o->far_prompts > 0) make_far_prompts(o, in, &b);
     if (rc == 0 && b.set.n_prompts < 5) {
         fprintf(stderr, "error: %d prompts are too few for a train/held-out split (need 5)\n", b.set.n_prompts);
         rc = -1;

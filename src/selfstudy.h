@@ -24,8 +24,7 @@ typedef struct {
     const char *label;    /* what the tasks' progress lines call them (NULL: "tasks") */
     int eval_only;        /* evaluation-only tasks, asked after the self-study's: 3 times its tries, and a
                            * chat quote or summary request drawn again while it repeats one asked already */
-    int far_prompts, far_len;  /* prompts reaching far past the document: far_prompts task questions, each
-                                * continued far_len tokens by the full cache (0: none) */
+    int far_prompts, far_len;  /* make_far_prompts: how many, how far */
 } SelfStudyOptions;
 
 /* What self-study reads: the model, its tokenizer (or NULL), the document's
@@ -39,8 +38,7 @@ typedef struct {
     const Document *doc;
 } SelfStudyInputs;
 
-/* Every prompt (spans and continuations, tasks, the user's, and those far
- * from the document), with the
+/* Every prompt (spans and continuations, tasks, the user's), with the
  * answer conventions set (answer_conventions); 0, or -1 after a sentence
  * (a prompt file that cannot be read, fewer than 5 prompts). */
 int make_prompt_set(const SelfStudyOptions *o, const SelfStudyInputs *in, PromptSet *out);
@@ -51,6 +49,14 @@ int make_prompt_set(const SelfStudyOptions *o, const SelfStudyInputs *in, Prompt
  * tokenizer (tasks are text). */
 void make_eval_tasks(const SelfStudyOptions *o, const SelfStudyInputs *in, const PromptSet *fit, int n,
                      PromptSet *out);
+/* Prompts that reach far past the document, into out (from's conventions):
+ * the questions of the first far_prompts prompts of `from` with keep[i] set
+ * and a question part, each continued by the full cache, greedily and with
+ * no stop, for far_len tokens (a chat model writes on past its turn, as a
+ * long conversation goes on), at most what the context leaves; each a
+ * continuation (no answer part). */
+void make_far_prompts(const SelfStudyOptions *o, const SelfStudyInputs *in, const PromptSet *from,
+                      const unsigned char *keep, PromptSet *out);
 /* The prompts of a, then those of b with split `b_split`, as a new set with
  * a's conventions. */
 PromptSet join_prompts(const PromptSet *a, const PromptSet *b, unsigned char b_split);

@@ -157,8 +157,8 @@ expect_error "infer --stops without --eval" "$bin/infer" $dm -d data/doc.txt -k 
 expect_error "infer --eval --stops with --drift" "$bin/infer" $dm -d data/doc.txt -k "$tmp/none.nectar" --eval \
     --stops --drift 10
 expect_error "train --far-len 0" "$bin/train" $dm -d data/doc.txt -o "$tmp/x.nectar" --far-prompts 2 --far-len 0
-expect_error "train --self-study with --far-prompts" "$bin/train" $dm -d data/doc.txt -o "$tmp/x.nectar" \
-    --self-study "$tmp/none.ss" --far-prompts 2
+expect_error "train --self-study of a missing file" "$bin/train" $dm -d data/doc.txt -o "$tmp/x.nectar" \
+    --self-study "$tmp/none.ss"
 expect_error "benchmark -m given twice" "$bin/benchmark" -m data/model.bin -m data/model.bin
 expect_error "pretrain --steps given twice" "$bin/pretrain" -o "$tmp/p" --steps 1 --steps 2
 "$bin/infer" --help | grep -q -- "-p P .*0 or 1: off" && { printf '  %-52s ok\n' "infer --help: -p 0 turns top-p off"
