@@ -29,6 +29,24 @@
 #                                 Apache-2.0 and GPL-3 (or the DOCs), with their question sets (data/qa/DOC.qa)
 #                                 and the evaluation-only tasks (made by the 10% fit, the others measured on
 #                                 them: --eval-tasks-from): the table of scripts/qa_table.py; hours on 2 cores
+#   scripts/results.sh real-topk  SmolLM2 on Apache-2.0, train's defaults: the KL term's teacher as its top 32
+#                                 tokens (--kl-top-k 32) and as the whole vocabulary, on the same prompts and
+#                                 evaluation-only tasks; about 2 hours
+#   scripts/results.sh real-coverage  SmolLM2 on Apache-2.0, train's defaults with --kl-top-k 32 on 10x, 3x and
+#                                 1x the chat recipe's self-study (the 10x fit makes the evaluation-only tasks,
+#                                 the others are measured on them), then the 10x self-study (read again) with
+#                                 1200 KL steps: the table of scripts/qa_table.py; about 7 hours
+#   scripts/results.sh real-compose  SmolLM2: Apache-2.0, then LGPL-3 (its modules fitted as a later document):
+#                                 the questions of both and each module file's held-out prompts against the
+#                                 true concatenation (--joined) and the documents prefilled apart
+#                                 (scripts/compose_table.py); about 3 hours
+#   scripts/results.sh real-ends  SmolLM2 on Apache-2.0: where answers end (infer --stops) and how far Nectar
+#                                 drifts (--drift 1024, 16 evaluation-only tasks) for train's defaults with
+#                                 --kl-top-k 32, and with 32 prompts reaching 512 tokens past their questions
+#                                 (--far-prompts); about 2.5 hours
+#   scripts/results.sh plain-losses  the plain recipe's losses (pure KL, the default; mixed; regression; and
+#                                 regression then 400 KL steps) on the default model, seeds 1234 and 7, each
+#                                 seed's self-study made once (--save-self-study) and read again
 set -eu
 cd "$(dirname "$0")/.."
 what=${1:-capacity}
@@ -136,7 +154,18 @@ losses)
         for loss in regression mixed kl; do for rho in 0.02 0.1; do row "$loss $rho" "$loss-$rho" $split; done; done
     done
     echo; echo "Held-out: $(heldout kl-0.1)." ;;
-real|real-losses|real-rounding|real-documents|real-serving|real-qa)
+plain-losses)
+    for s in 1234 7; do
+        fit "kl-$s" data/doc.txt -s $s --qa data/doc.qa --save-self-study "$tmp/$s.ss"
+        fit "mixed-$s" data/doc.txt -s $s --qa data/doc.qa --self-study "$tmp/$s.ss" --loss mixed
+        fit "regression-$s" data/doc.txt -s $s --qa data/doc.qa --self-study "$tmp/$s.ss" --loss regression
+        fit "staged-$s" data/doc.txt -s $s --qa data/doc.qa --self-study "$tmp/$s.ss" --loss regression \
+            --steps 2000 --kl-steps 400
+    done
+    rows=()
+    for fit in kl mixed regression staged; do for s in 1234 7; do rows+=("$fit, seed $s=$tmp/$fit-$s.json"); done; done
+    python3 scripts/qa_table.py "${rows[@]}" ;;
+real|real-losses|real-rounding|real-documents|real-serving|real-qa|real-topk|real-coverage|real-compose|real-ends)
     MODEL=(-m models/SmolLM2-135M-Instruct.Q4_1.gguf)
     [ -f "${MODEL[1]}" ] || { echo "error: ${MODEL[1]} is missing: make smollm2 first" >&2; exit 1; }
     # train's chat recipe (demo-real's) without its KL stage and with MLP modules: its regression fit, 2000
@@ -226,6 +255,52 @@ real|real-losses|real-rounding|real-documents|real-serving|real-qa)
         done
         python3 scripts/qa_table.py "${rows[@]}"
         echo; fit_times "${names[@]}" ;;
+    real-topk)
+        fit top32 $apache --kl-top-k 32 --qa data/qa/Apache-2.0.qa
+        fit full $apache --qa data/qa/Apache-2.0.qa --eval-tasks-from "$tmp/top32.nectar"
+        python3 scripts/qa_table.py "top 32=$tmp/top32.json" "whole vocabulary=$tmp/full.json"
+        echo; fit_times top32 full ;;
+    real-coverage)
+        qa=(--kl-top-k 32 --qa data/qa/Apache-2.0.qa)
+        fit 10x $apache "${qa[@]}" --n-prompts 320 --tasks 640 --save-self-study "$tmp/10x.ss"
+        fit 3x $apache "${qa[@]}" --n-prompts 96 --tasks 192 --eval-tasks-from "$tmp/10x.nectar"
+        fit 1x $apache "${qa[@]}" --eval-tasks-from "$tmp/10x.nectar"
+        fit 10x-kl1200 $apache "${qa[@]}" --self-study "$tmp/10x.ss" --kl-steps 1200
+        python3 scripts/qa_table.py "1x=$tmp/1x.json" "3x=$tmp/3x.json" "10x=$tmp/10x.json" \
+            "10x, 1200 KL steps=$tmp/10x-kl1200.json"
+        echo; fit_times 1x 3x 10x 10x-kl1200 ;;
+    real-compose)
+        lgpl3=/usr/share/common-licenses/LGPL-3
+        fit first $apache --kl-top-k 32
+        fit second $lgpl3 --later-document --kl-top-k 32 --eval-tasks 50
+        docs=(-m models/SmolLM2-135M-Instruct.Q4_1.gguf --chat -d $apache -d $lgpl3)
+        mkdir -p "$tmp/compose"
+        for qa in Apache-2.0 LGPL-3; do
+            for mods in "both:$tmp/first.nectar $tmp/second.nectar" "first:$tmp/first.nectar" "second:$tmp/second.nectar"; do
+                modules=(); for k in ${mods#*:}; do modules+=(-k "$k"); done
+                for joined in "" --joined; do
+                    echo "questions of $qa, ${mods%%:*} ${joined:-apart} ..." >&2
+                    ./infer "${docs[@]}" "${modules[@]}" $joined --qa data/qa/$qa.qa --json \
+                        > "$tmp/compose/qa-$qa-${mods%%:*}${joined:+-joined}.json"
+                done
+            done
+        done
+        for joined in "" --joined; do
+            echo "held-out prompts, ${joined:-apart} ..." >&2
+            ./infer "${docs[@]}" -k "$tmp/first.nectar" -k "$tmp/second.nectar" $joined --eval --answers --json \
+                > "$tmp/compose/eval${joined:+-joined}.json"
+        done
+        python3 scripts/compose_table.py "$tmp/compose" Apache-2.0 LGPL-3 ;;
+    real-ends)
+        fit plain $apache --kl-top-k 32
+        fit far $apache --kl-top-k 32 --far-prompts 32 --far-len 512 --eval-tasks-from "$tmp/plain.nectar"
+        for name in plain far; do
+            echo "where $name's answers end, and its drift ..." >&2
+            ./infer "${MODEL[@]}" --chat -d $apache -k "$tmp/$name.nectar" --eval --stops
+            ./infer "${MODEL[@]}" --chat -d $apache -k "$tmp/$name.nectar" --eval --drift 1024 --drift-prompts 16 \
+                --json > "$tmp/drift-$name.json"
+            cat "$tmp/drift-$name.json"
+        done ;;
     real-serving)
         arch=${2:-}
         [ "$arch" = mlp ] || [ "$arch" = quad ] || { echo "error: real-serving takes mlp or quad, then FIT.json files" >&2
@@ -252,6 +327,6 @@ documents)
         echo "- document $i: \"$(cat "$tmp/doc$i/doc.txt")\"; held-out $(heldout "doc$i"); its prompts.txt" \
              "tasks (never given to train): Nectar's answer equals the full cache's on $(user_tasks "$tmp/doc$i" "doc$i")."
     done ;;
-*) echo "usage: scripts/results.sh capacity|losses|documents|real [mlp|quad] [DOC]|real-losses [DOC]|real-rounding|real-documents [mlp|chat]|real-serving mlp|quad FIT.json...|real-qa [DOC...]" >&2
+*) echo "usage: scripts/results.sh capacity|losses|documents|plain-losses|real [mlp|quad] [DOC]|real-losses [DOC]|real-rounding|real-documents [mlp|chat]|real-serving mlp|quad FIT.json...|real-qa [DOC...]|real-topk|real-coverage|real-compose|real-ends" >&2
    exit 1 ;;
 esac
