@@ -828,10 +828,17 @@ static int print_stops(const Options *o, const Inputs *in, const Compositions *c
         StopResult r;
         if (stop_profile(&in->model, c->full, c->nectar, &ms->heldout, &split[splits[k]], &r) != 0) return -1;
         if (o->json) printf("%s\"%s\": {\"n_answers\": %d, \"bins\": [", k ? ", " : "", names[k], r.n_answers);
-        else printf("%swhere the full cache's answers end (%s split: %d answers end with its stop): each model's "
-                    "log p(stop) there, teacher-forced\n  %-14s %6s %12s %12s %12s   %s\n", k ? "\n" : "", names[k],
-                    r.n_answers, "stop at token", "count", "full cache", "Nectar", "no document",
-                    "stop the likeliest: full / Nectar / no doc");
+        else {
+            printf("%swhere the full cache's answers end (%s split: %d answers end with its stop)", k ? "\n" : "",
+                   names[k], r.n_answers);
+            if (r.n_answers == 0) {
+                printf("\n");
+                continue;
+            }
+            printf(": each model's log p(stop) there, teacher-forced\n  %-14s %6s %12s %12s %12s   %s\n",
+                   "stop at token", "count", "full cache", "Nectar", "no document",
+                   "stop the likeliest: full / Nectar / no doc");
+        }
         for (int b = 0, first = 1; b <= r.n_bins; b++) {
             int at = b < r.n_bins ? b : STOP_BINS;  /* the bins, then all of them */
             if (r.count[at] == 0) continue;

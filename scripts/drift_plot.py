@@ -4,8 +4,10 @@ distance from the document, from `infer --eval --drift N --json` outputs,
 as an SVG on stdout. A curve per input and mode: Nectar solid, no document
 dashed, one colour per input (LABEL=FILE.json, or FILE.json named by its
 file); each point at its bin's middle on a log2 axis of local tokens.
+With --table first, the same bins as a Markdown table instead.
 
     python3 scripts/drift_plot.py "default model=drift.json" ... > drift.svg
+    python3 scripts/drift_plot.py --table "default model=drift.json" ...
 
 Standard library only."""
 import json
@@ -21,17 +23,37 @@ def points(bins, key):
     return [(math.log2((b["lo"] + b["hi"]) / 2), b[key]) for b in bins if b["positions"] > 0]
 
 
-def main(args):
-    if not args:
-        sys.exit(__doc__)
-    curves = []  # (label, colour, dashed, points)
-    for i, arg in enumerate(args):
+def read(args):
+    """[(label, bins)] of the LABEL=FILE.json arguments."""
+    inputs = []
+    for arg in args:
         label, _, path = arg.rpartition("=")
         with open(path) as f:
-            bins = json.load(f)["drift"]["bins"]
+            inputs.append((label or path, json.load(f)["drift"]["bins"]))
+    return inputs
+
+
+def table(inputs):
+    print("| model | tokens after the document | positions | KL Nectar [95%] | KL no doc | agreement Nectar / no doc |")
+    print("|---|---|---|---|---|---|")
+    for label, bins in inputs:
+        for b in bins:
+            if b["positions"] > 0:
+                print("| %s | %d-%d | %d | %.3f [%.3f, %.3f] | %.3f | %.3f / %.3f |" % (
+                    label, b["lo"], b["hi"], b["positions"], b["kl"], b["kl_ci"][0], b["kl_ci"][1],
+                    b["kl_nodoc"], b["agree"], b["agree_nodoc"]))
+
+
+def main(args):
+    if not args or args == ["--table"]:
+        sys.exit(__doc__)
+    if args[0] == "--table":
+        return table(read(args[1:]))
+    curves = []  # (label, colour, dashed, points)
+    for i, (label, bins) in enumerate(read(args)):
         colour = COLOURS[i % len(COLOURS)]
-        curves.append(((label or path) + ", Nectar", colour, False, points(bins, "kl")))
-        curves.append(((label or path) + ", no document", colour, True, points(bins, "kl_nodoc")))
+        curves.append((label + ", Nectar", colour, False, points(bins, "kl")))
+        curves.append((label + ", no document", colour, True, points(bins, "kl_nodoc")))
     xs = [x for c in curves for x, _ in c[3]]
     x0, x1 = math.floor(min(xs)), math.ceil(max(xs))
     y1 = max(y for c in curves for _, y in c[3]) * 1.1
