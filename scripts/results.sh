@@ -40,10 +40,11 @@
 #                                 the questions of both and each module file's held-out prompts against the
 #                                 true concatenation (--joined) and the documents prefilled apart
 #                                 (scripts/compose_table.py); about 3 hours
+#   scripts/results.sh ends       the default model, seeds 1234 and 7, with and without 32 prompts far from
+#                                 the document (--far-prompts): how far Nectar drifts (--drift 1024); 15 minutes
 #   scripts/results.sh real-ends  SmolLM2 on Apache-2.0: where answers end (infer --stops) and how far Nectar
-#                                 drifts (--drift 1024, 16 evaluation-only tasks) for train's defaults with
-#                                 --kl-top-k 32, and with 32 prompts reaching 512 tokens past their questions
-#                                 (--far-prompts); about 2.5 hours
+#                                 drifts (--drift 1024) for train's defaults with --kl-top-k 32, and with 32
+#                                 prompts reaching 512 tokens past their questions (--far-prompts); 2 hours
 #   scripts/results.sh plain-losses  the plain recipe's losses (pure KL, the default; mixed; regression; and
 #                                 regression then 400 KL steps) on the default model, seeds 1234 and 7, each
 #                                 seed's self-study made once (--save-self-study) and read again
@@ -154,6 +155,16 @@ losses)
         for loss in regression mixed kl; do for rho in 0.02 0.1; do row "$loss $rho" "$loss-$rho" $split; done; done
     done
     echo; echo "Held-out: $(heldout kl-0.1)." ;;
+ends)
+    rows=()
+    for s in 1234 7; do for far in 0 32; do
+        fit "ends-$s-$far" data/doc.txt -s $s --far-prompts $far
+        ./infer "${MODEL[@]}" -d data/doc.txt -k "$tmp/ends-$s-$far.nectar" --eval --drift 1024 --drift-prompts 16 \
+            --json > "$tmp/drift-$s-$far.json"
+        rows+=("default model, seed $s, $far far prompts=$tmp/drift-$s-$far.json")
+    done; done
+    python3 scripts/drift_plot.py --table "${rows[@]}"
+    echo; python3 scripts/qa_table.py "${rows[@]/drift-/ends-}" ;;
 plain-losses)
     for s in 1234 7; do
         fit "kl-$s" data/doc.txt -s $s --qa data/doc.qa --save-self-study "$tmp/$s.ss"
@@ -292,15 +303,17 @@ real|real-losses|real-rounding|real-documents|real-serving|real-qa|real-topk|rea
         done
         python3 scripts/compose_table.py "$tmp/compose" Apache-2.0 LGPL-3 ;;
     real-ends)
-        fit plain $apache --kl-top-k 32
-        fit far $apache --kl-top-k 32 --far-prompts 32 --far-len 512 --eval-tasks-from "$tmp/plain.nectar"
+        fit plain $apache --kl-top-k 32 --eval-tasks 0
+        fit far $apache --kl-top-k 32 --eval-tasks 0 --far-prompts 32 --far-len 512
         for name in plain far; do
             echo "where $name's answers end, and its drift ..." >&2
             ./infer "${MODEL[@]}" --chat -d $apache -k "$tmp/$name.nectar" --eval --stops
-            ./infer "${MODEL[@]}" --chat -d $apache -k "$tmp/$name.nectar" --eval --drift 1024 --drift-prompts 16 \
-                --json > "$tmp/drift-$name.json"
-            cat "$tmp/drift-$name.json"
-        done ;;
+            ./infer "${MODEL[@]}" --chat -d $apache -k "$tmp/$name.nectar" --eval --drift 1024 --json \
+                > "$tmp/drift-$name.json"
+        done
+        python3 scripts/drift_plot.py --table "SmolLM2, Apache-2.0=$tmp/drift-plain.json" \
+            "SmolLM2, Apache-2.0, 32 far prompts=$tmp/drift-far.json"
+        echo; python3 scripts/qa_table.py "no far prompts=$tmp/plain.json" "32 far prompts=$tmp/far.json" ;;
     real-serving)
         arch=${2:-}
         [ "$arch" = mlp ] || [ "$arch" = quad ] || { echo "error: real-serving takes mlp or quad, then FIT.json files" >&2
@@ -327,6 +340,6 @@ documents)
         echo "- document $i: \"$(cat "$tmp/doc$i/doc.txt")\"; held-out $(heldout "doc$i"); its prompts.txt" \
              "tasks (never given to train): Nectar's answer equals the full cache's on $(user_tasks "$tmp/doc$i" "doc$i")."
     done ;;
-*) echo "usage: scripts/results.sh capacity|losses|documents|plain-losses|real [mlp|quad] [DOC]|real-losses [DOC]|real-rounding|real-documents [mlp|chat]|real-serving mlp|quad FIT.json...|real-qa [DOC...]|real-topk|real-coverage|real-compose|real-ends" >&2
+*) echo "usage: scripts/results.sh capacity|losses|documents|plain-losses|real [mlp|quad] [DOC]|real-losses [DOC]|real-rounding|real-documents [mlp|chat]|real-serving mlp|quad FIT.json...|real-qa [DOC...]|real-topk|real-coverage|real-compose|real-ends|ends" >&2
    exit 1 ;;
 esac
