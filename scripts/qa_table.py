@@ -18,7 +18,11 @@ interval is computed here as src/eval.c computes Nectar's.
 A second table splits the questions by the full cache's margin (its
 chosen option's mean log-probability per token less the next option's):
 how often Nectar and no document chose as the full cache where the full
-cache was nearly undecided and where it was sure. Standard library only."""
+cache was nearly undecided and where it was sure (only where a fit has
+questions). A third counts the greedy answers that end with the model's
+stop within the cap and those in a loop, of the full cache, Nectar and no
+document, on the held-out self-study prompts and the evaluation-only
+tasks, with each run's time. Standard library only."""
 import json
 import math
 import sys
@@ -79,6 +83,20 @@ def margin_row(label, qa):
     return "| " + " | ".join(cells) + " |"
 
 
+def ends_cell(split):
+    """Answers that end and that loop, full / Nectar / no document, of the split's answers."""
+    if not split:
+        return ""
+    n = split["n_answers"]
+    counts = lambda key: " / ".join("%d" % round(split[key][k] * n) for k in ("full", "nectar", "nodoc"))
+    return "%s; %s of %d" % (counts("answer_ends"), counts("answer_repeats"), n)
+
+
+def ends_row(label, r):
+    return "| %s | %s | %s | %.0f s |" % (label, ends_cell(r["random"]), ends_cell(r.get("tasks")),
+                                          r["total_seconds"])
+
+
 def main(args):
     if not args:
         sys.exit(__doc__)
@@ -93,13 +111,20 @@ def main(args):
             fits.append((label or path, json.load(f)))
     for label, r in fits:
         print(row(label, r))
+    if any(r.get("qa") for _, r in fits):
+        print()
+        print("| fit | " + " | ".join("full cache's margin %g to %g: n: Nectar / no doc = full" % b
+                                       for b in MARGIN_BINS) + " |")
+        print("|---" * (len(MARGIN_BINS) + 1) + "|")
+        for label, r in fits:
+            if r.get("qa"):
+                print(margin_row(label, r["qa"]))
     print()
-    print("| fit | " + " | ".join("full cache's margin %g to %g: n: Nectar / no doc = full" % b
-                                   for b in MARGIN_BINS) + " |")
-    print("|---" * (len(MARGIN_BINS) + 1) + "|")
+    print("| fit | held-out self-study: answers that end, full / Nectar / no doc; in a loop | evaluation-only"
+          " tasks: the same | whole run |")
+    print("|---|---|---|---|")
     for label, r in fits:
-        if r.get("qa"):
-            print(margin_row(label, r["qa"]))
+        print(ends_row(label, r))
 
 
 if __name__ == "__main__":

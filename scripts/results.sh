@@ -156,15 +156,16 @@ losses)
     done
     echo; echo "Held-out: $(heldout kl-0.1)." ;;
 ends)
-    rows=()
+    drifts=() fits=()
     for s in 1234 7; do for far in 0 32; do
-        fit "ends-$s-$far" data/doc.txt -s $s --far-prompts $far
-        ./infer "${MODEL[@]}" -d data/doc.txt -k "$tmp/ends-$s-$far.nectar" --eval --drift 1024 --drift-prompts 16 \
-            --json > "$tmp/drift-$s-$far.json"
-        rows+=("default model, seed $s, $far far prompts=$tmp/drift-$s-$far.json")
+        name="ends-$s-$far" label="default model, seed $s, $far far prompts"
+        fit "$name" data/doc.txt -s $s --far-prompts $far
+        ./infer "${MODEL[@]}" -d data/doc.txt -k "$tmp/$name.nectar" --eval --drift 1024 --drift-prompts 16 \
+            --json > "$tmp/$name-drift.json"
+        drifts+=("$label=$tmp/$name-drift.json") fits+=("$label=$tmp/$name.json")
     done; done
-    python3 scripts/drift_plot.py --table "${rows[@]}"
-    echo; python3 scripts/qa_table.py "${rows[@]/drift-/ends-}" ;;
+    python3 scripts/drift_plot.py --table "${drifts[@]}"
+    echo; python3 scripts/qa_table.py "${fits[@]}" ;;
 plain-losses)
     for s in 1234 7; do
         fit "kl-$s" data/doc.txt -s $s --qa data/doc.qa --save-self-study "$tmp/$s.ss"
