@@ -1354,8 +1354,8 @@ typedef struct {
 } Results;
 
 /* The results as one JSON object, or as tables. */
-static void print_results(const Options *o, const Inputs *in, const ModuleSet *ms, const Results *r,
-                          double fit_seconds, double t_start) {
+static void print_results(const Options *o, const Inputs *in, const ModuleSet *ms, const TeacherData *td,
+                          const Results *r, double fit_seconds, double t_start) {
     const Config *c = &in->model.config;
     if (!o->json) {
         print_eval_splits_table(stdout, r->split, c->n_layers);
@@ -1365,9 +1365,10 @@ static void print_results(const Options *o, const Inputs *in, const ModuleSet *m
     }
     long kv_entries = 2L * in->n_doc * (c->dim / c->n_heads) * c->n_layers * c->n_kv_heads;
     printf("{\"arch\": \"%s\", \"rho\": %.6g, \"params\": %zu, \"kv_entries\": %ld, \"n_doc\": %d, "
-           "\"steps\": %d, \"kl_steps\": %d, \"fit_seconds\": %.3f, \"total_seconds\": %.3f, ",
-           o->arch == ARCH_MLP ? "mlp" : "quad", o->rho, ms->n_params, kv_entries, in->n_doc, o->steps,
-           o->kl_steps, fit_seconds, now_seconds() - t_start);
+           "\"train_prompts\": %d, \"train_positions\": %ld, \"steps\": %d, \"kl_steps\": %d, "
+           "\"fit_seconds\": %.3f, \"total_seconds\": %.3f, ",
+           o->arch == ARCH_MLP ? "mlp" : "quad", o->rho, ms->n_params, kv_entries, in->n_doc, td->n_train,
+           td->fit.P, o->steps, o->kl_steps, fit_seconds, now_seconds() - t_start);
     print_eval_splits_json(stdout, r->split);
     if (o->eval_train) {
         printf(", \"train\": ");
@@ -1382,8 +1383,8 @@ static void print_results(const Options *o, const Inputs *in, const ModuleSet *m
 
 /* The metrics (evaluate refuses modules whose outputs are not finite), then
  * the module file with the held-out prompts, then the tables or JSON. */
-static int evaluate_and_save(const Options *o, const Inputs *in, ModuleSet *ms, const PromptSet *fitted,
-                             double fit_seconds, double t_start) {
+static int evaluate_and_save(const Options *o, const Inputs *in, ModuleSet *ms, const TeacherData *td,
+                             const PromptSet *fitted, double fit_seconds, double t_start) {
     const Config *c = &in->model.config;
     Results r = {0};
     EvalResult train_splits[EVAL_SPLITS];
@@ -1399,7 +1400,7 @@ static int evaluate_and_save(const Options *o, const Inputs *in, ModuleSet *ms, 
     long kv_entries = 2L * in->n_doc * (c->dim / c->n_heads) * c->n_layers * c->n_kv_heads;
     fprintf(stderr, "wrote %s: %zu parameters, %.1f KB (document KV state: %.1f KB)\n", o->out_path,
             ms->n_params, ms->n_params * 4 / 1e3, kv_entries * 4 / 1e3);
-    print_results(o, in, ms, &r, fit_seconds, t_start);
+    print_results(o, in, ms, td, &r, fit_seconds, t_start);
     fprintf(stderr, "fitting took %.1fs (%d steps), the whole run %.1fs\n", fit_seconds, total_steps(o),
             now_seconds() - t_start);
     for (int k = 0; k < EVAL_SPLITS; k++) evalresult_free(&r.split[k]);
@@ -1510,7 +1511,7 @@ int main(int argc, char **argv) {
     /* 6. metrics on the held-out prompts, the module file */
     if (rc == 0 && !stopped) {
         PromptSet fitted = o.eval_train ? select_prompts(&r.all, r.is_train, 1) : (PromptSet){0};
-        rc = evaluate_and_save(&o, &r.in, &r.ms, &fitted, fit_seconds, t_start);
+        rc = evaluate_and_save(&o, &r.in, &r.ms, &r.td, &fitted, fit_seconds, t_start);
         promptset_free(&fitted);
     }
     run_free(&r);

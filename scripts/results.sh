@@ -32,10 +32,13 @@
 #   scripts/results.sh real-topk  SmolLM2 on Apache-2.0, train's defaults: the KL term's teacher as its top 32
 #                                 tokens (--kl-top-k 32) and as the whole vocabulary, on the same prompts and
 #                                 evaluation-only tasks; about 2 hours
-#   scripts/results.sh real-coverage  SmolLM2 on Apache-2.0, train's defaults with --kl-top-k 32 on 10x, 3x and
-#                                 1x the chat recipe's self-study (the 10x fit makes the evaluation-only tasks,
-#                                 the others are measured on them), then the 10x self-study (read again) with
-#                                 1200 KL steps: the table of scripts/qa_table.py; about 7 hours
+#   scripts/results.sh real-coverage [DOC]  SmolLM2 on Apache-2.0 (or DOC, a name in
+#                                 /usr/share/common-licenses with a question set data/qa/DOC.qa), train's
+#                                 defaults with --kl-top-k 32 on 20x and 3x the chat recipe's spans (3x its task
+#                                 requests: past them the tasks are repeats) and on the recipe's self-study
+#                                 (fixed KL steps; no evaluation-only tasks: the questions are the set the fits
+#                                 share), then the largest self-study (read again) with 1200 KL steps: the
+#                                 table of scripts/qa_table.py; about 3 hours on 2 cores for Apache-2.0
 #   scripts/results.sh real-compose  SmolLM2: Apache-2.0, then LGPL-3 (its modules fitted as a later document):
 #                                 the questions of both and each module file's held-out prompts against the
 #                                 true concatenation (--joined) and the documents prefilled apart
@@ -273,14 +276,19 @@ real|real-losses|real-rounding|real-documents|real-serving|real-qa|real-topk|rea
         python3 scripts/qa_table.py "top 32=$tmp/top32.json" "whole vocabulary=$tmp/full.json"
         echo; fit_times top32 full ;;
     real-coverage)
-        qa=(--kl-top-k 32 --qa data/qa/Apache-2.0.qa)
-        fit 10x $apache "${qa[@]}" --n-prompts 320 --tasks 640 --save-self-study "$tmp/10x.ss"
-        fit 3x $apache "${qa[@]}" --n-prompts 96 --tasks 192 --eval-tasks-from "$tmp/10x.nectar"
-        fit 1x $apache "${qa[@]}" --eval-tasks-from "$tmp/10x.nectar"
-        fit 10x-kl1200 $apache "${qa[@]}" --self-study "$tmp/10x.ss" --kl-steps 1200
-        python3 scripts/qa_table.py "1x=$tmp/1x.json" "3x=$tmp/3x.json" "10x=$tmp/10x.json" \
-            "10x, 1200 KL steps=$tmp/10x-kl1200.json"
-        echo; fit_times 1x 3x 10x 10x-kl1200 ;;
+        doc=${2:-Apache-2.0}
+        [ -f "data/qa/$doc.qa" ] || { echo "error: no question set data/qa/$doc.qa" >&2; exit 1; }
+        qa=(--kl-top-k 32 --eval-tasks 0 --qa "data/qa/$doc.qa") path=/usr/share/common-licenses/$doc
+        fit large "$path" "${qa[@]}" --n-prompts 640 --tasks 192 --save-self-study "$tmp/large.ss"
+        fit middle "$path" "${qa[@]}" --n-prompts 96 --tasks 192
+        fit recipe "$path" "${qa[@]}"
+        fit large-kl1200 "$path" "${qa[@]}" --self-study "$tmp/large.ss" --kl-steps 1200
+        names=(recipe middle large large-kl1200) rows=()
+        for name in "${names[@]}"; do
+            rows+=("$name, $(top_number "$tmp/$name.json" train_positions) positions=$tmp/$name.json")
+        done
+        python3 scripts/qa_table.py "${rows[@]}"
+        echo; fit_times "${names[@]}" ;;
     real-compose)
         lgpl3=/usr/share/common-licenses/LGPL-3
         fit first $apache --kl-top-k 32

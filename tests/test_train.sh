@@ -16,6 +16,8 @@ ok()   { printf '  %-60s ok\n' "$1"; passed=$((passed + 1)); }
 fail() { printf '  %-60s FAIL\n' "$1"; failed=$((failed + 1)); }
 # value of "key" inside the "split" object of a one-line JSON file
 json() { sed -E "s/.*\"$2\": \{([^}]*)\}.*/\1/; s/.*\"$3\": ([-0-9.e+]+).*/\1/" "$1"; }
+# value of a top-level "key" (the first of that name) of a one-line JSON file
+top() { sed -E "s/^[^}]*\"$2\": ([-0-9.e+]+).*/\1/" "$1"; }
 # awk-evaluated condition, e.g. is "0.1 < 0.5 * 0.4"
 is() { awk "BEGIN { exit !($1) }"; }
 # expect_refusal NAME PATTERN CMD...: exit 1 with "error: ...PATTERN"
@@ -68,6 +70,10 @@ train -o "$tmp/x.nectar" --steps 0 --eval-train --json > "$tmp/evaltrain.json" 2
 held=$(json "$tmp/evaltrain.json" random n_prompts) fitted=$(json "$tmp/evaltrain.json" train n_prompts)
 is "$held + $fitted == 80 && $fitted == 64 && $(json "$tmp/evaltrain.json" train kl) > 0" &&
     ok "--eval-train: metrics of the 64 training prompts (80 - 16 held out)" || fail "--eval-train: $held + $fitted"
+positions=$(sed -nE 's/^teacher pass: .* ([0-9]+) training positions.*/\1/p' "$tmp/log")
+[ "$(top "$tmp/evaltrain.json" train_prompts)" = 64 ] && [ "$(top "$tmp/evaltrain.json" train_positions)" = "$positions" ] &&
+    ok "--json: the 64 training prompts and the teacher pass's $positions positions" ||
+    fail "--json train_prompts, train_positions (teacher pass: '$positions')"
 
 # pure KL distillation lowers the held-out KL to the full-cache model
 train -o "$tmp/kl.nectar" --steps 200 --loss kl --json > "$tmp/kl.json" 2> "$tmp/log" || cat "$tmp/log"
