@@ -64,7 +64,8 @@ typedef struct {
     int json;
     int eval_train;  /* --eval-train: the metrics on the training prompts too */
     int teacher_logits_mb;  /* the teacher's logits are kept up to this size, else recomputed */
-    int kl_top_k;           /* > 0: the KL term's teacher kept as its k likeliest tokens and a rest */
+    int kl_top_k;           /* > 0: the KL term's teacher kept as its k likeliest tokens and a rest (or
+                             * NOT_GIVEN: the recipe's) */
     int gpu;
     int chat;  /* 1: --chat, 0: --no-chat, -1: as the model is (load_inputs decides) */
     int later_document;  /* --later-document: the document as a later one of a composition */
@@ -80,16 +81,18 @@ typedef struct {
  * real LLM, each of whose KL steps is a forward and backward of all its
  * layers: its recipe is a regression fit of quadrature modules (2000 cheap
  * steps), then 400 KL steps going on from it, on a smaller self-study (32
- * spans, 64 tasks): 20 minutes on 2 cores for SmolLM2-135M and Apache-2.0
+ * spans, 64 tasks), the KL term's teacher as its top 32 tokens (a real
+ * vocabulary's logits would take 196 KB a position): 20 minutes on 2 cores
+ * for SmolLM2-135M and Apache-2.0
  * (docs/real-model.md: what each part of it gains). */
 typedef struct {
     ModuleArch arch;
     LossPreset loss;
-    int steps, kl_steps, n_prompts, n_tasks, prompt_len, answer_len;
+    int steps, kl_steps, n_prompts, n_tasks, prompt_len, answer_len, kl_top_k;
     float kl_lr;
 } Recipe;
-static const Recipe PLAIN_RECIPE = {ARCH_MLP, LOSS_KL, 6000, 0, 50, 300, 80, 48, 3e-3f};
-static const Recipe CHAT_RECIPE = {ARCH_QUAD, LOSS_REGRESSION, 2000, 400, 32, 64, 196, 128, 6e-3f};
+static const Recipe PLAIN_RECIPE = {ARCH_MLP, LOSS_KL, 6000, 0, 50, 300, 80, 48, 0, 3e-3f};
+static const Recipe CHAT_RECIPE = {ARCH_QUAD, LOSS_REGRESSION, 2000, 400, 32, 64, 196, 128, 32, 6e-3f};
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -135,8 +138,8 @@ static void usage(FILE *f) {
         "  --lambda-kl X     KL distillation weight (presets: kl and mixed 1, regression 0)\n"
         "  --kl-prompts N    training prompts per step for the KL term (default 2)\n"
         "  --kl-top-k K      the KL term's teacher as its K likeliest tokens and one bucket for the rest\n"
-        "                    (8 K + 4 bytes a position, not 4 V; the KL over K + 1 outcomes; default 0:\n"
-        "                    the whole vocabulary)\n"
+        "                    (8 K + 4 bytes a position, not 4 V; the KL over K + 1 outcomes; default 32\n"
+        "                    with --chat, else 0: the whole vocabulary)\n"
         "  --teacher-logits-mb N  the KL term's teacher logits are kept from the teacher pass up to N MB,\n"
         "                    else recomputed at each step, on the CPU (default 2048)\n"
         "  --n-prompts N     self-study spans and continuations of the document (default 50; 32 with\n"
@@ -276,7 +279,7 @@ static const char *check_options(const Options *o) {
     if (o->batch < 1 || given_below(o->n_prompts, 0) || given_below(o->n_tasks, 0) || given_below(o->eval_tasks, 0) ||
         given_below(o->prompt_len, 2) || given_below(o->answer_len, 0) ||
         o->stop_after < 0 || o->checkpoint_every < 0 || o->teacher_logits_mb < 0 || o->teacher_logits_mb > (1 << 24) ||
-        o->kl_top_k < 0 || o->far_prompts < 0 || o->far_len < 1)
+        given_below(o->kl_top_k, 0) || o->far_prompts < 0 || o->far_len < 1)
         return "need --batch >= 1, --n-prompts >= 0, --tasks >= 0, --eval-tasks >= 0, "
                "--prompt-len >= 2, --answer-len >= 0, --stop-after >= 0, --checkpoint-every >= 0, --kl-top-k >= 0, "
                "--far-prompts >= 0, --far-len >= 1 and --teacher-logits-mb in 0..16777216";
@@ -311,9 +314,11 @@ static const char *check_options(const Options *o) {
  * answers best. Explicit values win (a weight not given is NaN, which
  * parsing never yields). NULL, or the sentence. */
 static const char *apply_recipe(Options *o, const Recipe *r) {
-    int *given[] = {&o->arch, &o->loss_preset, &o->steps, &o->n_prompts, &o->n_tasks, &o->prompt_len, &o->answer_len};
-    const int recipe[] = {r->arch, r->loss, r->steps, r->n_prompts, r->n_tasks, r->prompt_len, r->answer_len};
-    for (int k = 0; k < 7; k++)
+    int *given[] = {&o->arch, &o->loss_preset, &o->steps, &o->n_prompts, &o->n_tasks, &o->prompt_len, &o->answer_len,
+                    &o->kl_top_k};
+    const int recipe[] = {r->arch, r->loss, r->steps, r->n_prompts, r->n_tasks, r->prompt_len, r->answer_len,
+                          r->kl_top_k};
+    for (int k = 0; k < 8; k++)
         if (*given[k] == NOT_GIVEN) *given[k] = recipe[k];
     if (o->kl_steps == NOT_GIVEN) o->kl_steps = o->loss_preset == (int)r->loss ? r->kl_steps : 0;
     if (o->steps > INT_MAX - o->kl_steps) return "--steps and --kl-steps must be at most 2147483647 together";
@@ -356,7 +361,7 @@ static int parse_options(int argc, char **argv, Options *o) {
     *o = (Options){.arch = NOT_GIVEN, .loss_preset = NOT_GIVEN, .rho = 0.1f, .lr = 3e-2f, .kl_lr = NAN,
                    .warmup_fraction = 0.05f, .lambda_alpha = NAN, .lambda_A = NAN, .lambda_kl = NAN, .kl_prompts = 2,
                    .steps = NOT_GIVEN, .kl_steps = NOT_GIVEN, .batch = 64, .n_prompts = NOT_GIVEN,
-                   .n_tasks = NOT_GIVEN, .prompt_len = NOT_GIVEN, .answer_len = NOT_GIVEN, .chat = -1,
+                   .n_tasks = NOT_GIVEN, .prompt_len = NOT_GIVEN, .answer_len = NOT_GIVEN, .kl_top_k = NOT_GIVEN, .chat = -1,
                    .eval_tasks = NOT_GIVEN, .far_len = 512, .teacher_logits_mb = 2048, .depth_backbone = 1, .depth_score = 1, .depth_target = 1, .groups = "",
                    .seed = 1234};
     SeenOptions seen = {0};
@@ -437,11 +442,6 @@ static int load_inputs(Options *o, Inputs *in) {
     memset(in, 0, sizeof(*in));
     if (model_load(&in->model, o->model_path) != 0) return -1;
     const Config *c = &in->model.config;
-    if (o->kl_top_k > c->vocab_size) {
-        fprintf(stderr, "error: --kl-top-k %d is more than the model's vocabulary of %d tokens\n", o->kl_top_k,
-                c->vocab_size);
-        return -1;
-    }
     if (o->batch > INT_MAX / c->n_heads) {  /* a step's module queries, batch x n_heads, are counted in int */
         fprintf(stderr, "error: --batch %d is too large for a model of %d heads; keep it below %d\n",
                 o->batch, c->n_heads, INT_MAX / c->n_heads);
@@ -455,6 +455,11 @@ static int load_inputs(Options *o, Inputs *in) {
         in->tokp = &in->tok;
     }
     if (choose_chat(o, in->tokp) != 0) return -1;
+    if (o->kl_top_k > c->vocab_size) {
+        fprintf(stderr, "error: --kl-top-k %d is more than the model's vocabulary of %d tokens\n", o->kl_top_k,
+                c->vocab_size);
+        return -1;
+    }
     if (o->prompts_text_path && !in->tokp) {
         fprintf(stderr, "error: --prompts needs a tokenizer (-z, or a GGUF model); use --prompt-ids for token ids\n");
         return -1;
@@ -1365,10 +1370,10 @@ static void print_results(const Options *o, const Inputs *in, const ModuleSet *m
     }
     long kv_entries = 2L * in->n_doc * (c->dim / c->n_heads) * c->n_layers * c->n_kv_heads;
     printf("{\"arch\": \"%s\", \"rho\": %.6g, \"params\": %zu, \"kv_entries\": %ld, \"n_doc\": %d, "
-           "\"train_prompts\": %d, \"train_positions\": %ld, \"steps\": %d, \"kl_steps\": %d, "
+           "\"train_prompts\": %d, \"train_positions\": %ld, \"steps\": %d, \"kl_steps\": %d, \"kl_top_k\": %d, "
            "\"fit_seconds\": %.3f, \"total_seconds\": %.3f, ",
            o->arch == ARCH_MLP ? "mlp" : "quad", o->rho, ms->n_params, kv_entries, in->n_doc, td->n_train,
-           td->fit.P, o->steps, o->kl_steps, fit_seconds, now_seconds() - t_start);
+           td->fit.P, o->steps, o->kl_steps, o->kl_top_k, fit_seconds, now_seconds() - t_start);
     print_eval_splits_json(stdout, r->split);
     if (o->eval_train) {
         printf(", \"train\": ");

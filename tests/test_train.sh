@@ -464,13 +464,14 @@ expect_refusal "modules fitted with --chat are refused without it" "add --chat" 
 grep -q "^the model has a chat template" "$tmp/log" && "$bin/infer" -m $gguf -k "$tmp/auto.nectar" --chat -i "the" -n 2 \
     > /dev/null 2>&1 && ok "train picks --chat for a model with a chat template (--no-chat: plain text)" \
     || fail "train's chat default"
-# and the chat recipe's defaults where the command line is silent (quadrature, 400 KL steps), the plain one's without
+# and the chat recipe's defaults where the command line is silent (quadrature, 400 KL steps, the teacher's top 32),
+# the plain one's without
 # (the recipe's KL stage goes with its loss: a chat run with --loss kl has none)
 "$bin/train" -m $gguf -d "$tmp/doc.txt" -o "$tmp/auto_kl.nectar" --steps 5 --n-prompts 20 --prompt-len 12 --loss kl \
     --json > "$tmp/auto_kl.json" 2> "$tmp/log" || cat "$tmp/log"
-grep -q '"arch": "quad", .*"steps": 20, "kl_steps": 400,' "$tmp/auto.json" \
-    && grep -q '"arch": "quad", .*"steps": 5, "kl_steps": 0,' "$tmp/auto_kl.json" \
-    && grep -q '"arch": "mlp", .*"steps": 100, "kl_steps": 0,' "$tmp/gguf.json" \
+grep -q '"arch": "quad", .*"steps": 20, "kl_steps": 400, "kl_top_k": 32,' "$tmp/auto.json" \
+    && grep -q '"arch": "quad", .*"steps": 5, "kl_steps": 0, "kl_top_k": 32,' "$tmp/auto_kl.json" \
+    && grep -q '"arch": "mlp", .*"steps": 100, "kl_steps": 0, "kl_top_k": 0,' "$tmp/gguf.json" \
     && ok "a chat run takes the chat recipe's defaults, a plain run the plain one's" || fail "recipes: $(head -c 160 "$tmp/auto.json")"
 same=1
 for text in "the cat sat" "Hello, wörld! 123" "two
