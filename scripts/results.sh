@@ -30,15 +30,16 @@
 #                                 and the evaluation-only tasks (made by the 10% fit, the others measured on
 #                                 them: --eval-tasks-from): the table of scripts/qa_table.py; hours on 2 cores
 #   scripts/results.sh real-topk  SmolLM2 on Apache-2.0, train's defaults: the KL term's teacher as its top 32
-#                                 tokens (--kl-top-k 32) and as the whole vocabulary, on the same prompts and
-#                                 evaluation-only tasks; about 2 hours
+#                                 tokens (the default) and as the whole vocabulary (--kl-top-k 0), on the same
+#                                 prompts and evaluation-only tasks; about 2 hours
 #   scripts/results.sh real-coverage [DOC]  SmolLM2 on Apache-2.0 (or DOC, a name in
 #                                 /usr/share/common-licenses with a question set data/qa/DOC.qa), train's
-#                                 defaults with --kl-top-k 32 on 20x and 3x the chat recipe's spans (3x its task
-#                                 requests: past them the tasks are repeats) and on the recipe's self-study
+#                                 defaults (the teacher's top 32) on 20x and 3x the chat recipe's spans (3x its
+#                                 task requests: past them the tasks are repeats) and on the recipe's self-study
 #                                 (fixed KL steps; no evaluation-only tasks: the questions are the set the fits
-#                                 share), then the largest self-study (read again) with 1200 KL steps: the
-#                                 table of scripts/qa_table.py; about 3 hours on 2 cores for Apache-2.0
+#                                 share), then 800 more KL steps from the largest fit on its self-study (read
+#                                 again): the table of scripts/qa_table.py; about 3 hours on 2 cores for
+#                                 Apache-2.0
 #   scripts/results.sh real-compose  SmolLM2: Apache-2.0, then LGPL-3 (its modules fitted as a later document):
 #                                 the questions of both and each module file's held-out prompts against the
 #                                 true concatenation (--joined) and the documents prefilled apart
@@ -46,7 +47,7 @@
 #   scripts/results.sh ends       the default model, seeds 1234 and 7, with and without 32 prompts far from
 #                                 the document (--far-prompts): how far Nectar drifts (--drift 1024); 15 minutes
 #   scripts/results.sh real-ends  SmolLM2 on Apache-2.0: where answers end (infer --stops) and how far Nectar
-#                                 drifts (--drift 1024) for train's defaults with --kl-top-k 32, and with 32
+#                                 drifts (--drift 1024) for train's defaults (the teacher's top 32), and with 32
 #                                 prompts reaching 512 tokens past their questions (--far-prompts); 2 hours
 #   scripts/results.sh plain-losses  the plain recipe's losses (pure KL, the default; mixed; regression; and
 #                                 regression then 400 KL steps) on the default model, seeds 1234 and 7, each
@@ -271,18 +272,20 @@ real|real-losses|real-rounding|real-documents|real-serving|real-qa|real-topk|rea
         python3 scripts/qa_table.py "${rows[@]}"
         echo; fit_times "${names[@]}" ;;
     real-topk)
-        fit top32 $apache --kl-top-k 32 --qa data/qa/Apache-2.0.qa
-        fit full $apache --qa data/qa/Apache-2.0.qa --eval-tasks-from "$tmp/top32.nectar"
+        fit top32 $apache --qa data/qa/Apache-2.0.qa
+        fit full $apache --kl-top-k 0 --qa data/qa/Apache-2.0.qa --eval-tasks-from "$tmp/top32.nectar"
         python3 scripts/qa_table.py "top 32=$tmp/top32.json" "whole vocabulary=$tmp/full.json"
         echo; fit_times top32 full ;;
     real-coverage)
         doc=${2:-Apache-2.0}
         [ -f "data/qa/$doc.qa" ] || { echo "error: no question set data/qa/$doc.qa" >&2; exit 1; }
-        qa=(--kl-top-k 32 --eval-tasks 0 --qa "data/qa/$doc.qa") path=/usr/share/common-licenses/$doc
-        fit large "$path" "${qa[@]}" --n-prompts 640 --tasks 192 --save-self-study "$tmp/large.ss"
-        fit middle "$path" "${qa[@]}" --n-prompts 96 --tasks 192
-        fit recipe "$path" "${qa[@]}"
-        fit large-kl1200 "$path" "${qa[@]}" --self-study "$tmp/large.ss" --kl-steps 1200
+        qa=(--qa "data/qa/$doc.qa") path=/usr/share/common-licenses/$doc
+        fit large "$path" "${qa[@]}" --eval-tasks 0 --n-prompts 640 --tasks 192 --save-self-study "$tmp/large.ss"
+        fit middle "$path" "${qa[@]}" --eval-tasks 0 --n-prompts 96 --tasks 192
+        fit recipe "$path" "${qa[@]}" --eval-tasks 0
+        # then 800 more KL steps going on from the largest fit (1200 in all), on the same self-study
+        fit large-kl1200 "$path" "${qa[@]}" --self-study "$tmp/large.ss" --init "$tmp/large.nectar" --loss kl \
+            --steps 800 --lr 3e-3
         names=(recipe middle large large-kl1200) rows=()
         for name in "${names[@]}"; do
             rows+=("$name, $(top_number "$tmp/$name.json" train_positions) positions=$tmp/$name.json")
@@ -291,8 +294,8 @@ real|real-losses|real-rounding|real-documents|real-serving|real-qa|real-topk|rea
         echo; fit_times "${names[@]}" ;;
     real-compose)
         lgpl3=/usr/share/common-licenses/LGPL-3
-        fit first $apache --kl-top-k 32
-        fit second $lgpl3 --later-document --kl-top-k 32 --eval-tasks 50
+        fit first $apache
+        fit second $lgpl3 --later-document --eval-tasks 50
         docs=(-m models/SmolLM2-135M-Instruct.Q4_1.gguf --chat -d $apache -d $lgpl3)
         mkdir -p "$tmp/compose"
         for qa in Apache-2.0 LGPL-3; do
@@ -312,8 +315,8 @@ real|real-losses|real-rounding|real-documents|real-serving|real-qa|real-topk|rea
         done
         python3 scripts/compose_table.py "$tmp/compose" Apache-2.0 LGPL-3 ;;
     real-ends)
-        fit plain $apache --kl-top-k 32 --eval-tasks 0
-        fit far $apache --kl-top-k 32 --eval-tasks 0 --far-prompts 32 --far-len 512
+        fit plain $apache --eval-tasks 0
+        fit far $apache --eval-tasks 0 --far-prompts 32 --far-len 512
         for name in plain far; do
             echo "where $name's answers end, and its drift ..." >&2
             ./infer "${MODEL[@]}" --chat -d $apache -k "$tmp/$name.nectar" --eval --stops
