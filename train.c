@@ -82,7 +82,7 @@ typedef struct {
  * layers: its recipe is a regression fit of quadrature modules (2000 cheap
  * steps), then 400 KL steps going on from it, on a smaller self-study (32
  * spans, 64 tasks), the KL term's teacher as its top 32 tokens (a real
- * vocabulary's logits would take 196 KB a position): 20 minutes on 2 cores
+ * vocabulary's logits would take 196 KB a position): 23 minutes on 2 cores
  * for SmolLM2-135M and Apache-2.0
  * (docs/real-model.md: what each part of it gains). */
 typedef struct {
