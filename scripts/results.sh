@@ -38,7 +38,7 @@
 #                                 task requests: past them the tasks are repeats) and on the recipe's self-study
 #                                 (fixed KL steps; no evaluation-only tasks: the questions are the set the fits
 #                                 share), then 800 more KL steps from the largest fit on its self-study (read
-#                                 again): the table of scripts/qa_table.py; about 3 hours on 2 cores for
+#                                 again): the table of scripts/qa_table.py; about 3.5 hours on 2 cores for
 #                                 Apache-2.0
 #   scripts/results.sh real-compose  SmolLM2: Apache-2.0, then LGPL-3 (its modules fitted as a later document):
 #                                 the questions of both and each module file's held-out prompts against the
