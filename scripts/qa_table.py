@@ -85,7 +85,7 @@ def margin_row(label, qa):
 
 def ends_cell(split):
     """Answers that end and that loop, full / Nectar / no document, of the split's answers."""
-    if not split:
+    if not split or not split["n_answers"]:  # no split, or no prompt with a question (spans only)
         return ""
     n = split["n_answers"]
     counts = lambda key: " / ".join("%d" % round(split[key][k] * n) for k in ("full", "nectar", "nodoc"))

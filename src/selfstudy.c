@@ -52,6 +52,21 @@ static void add_prompt(PromptBuilder *b, const int *tokens, int len, int questio
 static const char *task_label(const SelfStudyOptions *o) { return o->label ? o->label : "tasks"; }
 static int patience(const SelfStudyOptions *o) { return o->eval_only ? 3 : 1; }
 
+/* The tasks' progress line, at most once a second (*shown: when it last was)
+ * and at the end, counting tries too (most fail where a model rarely writes a
+ * well-formed task): kept of wanted, tries of the most, and the ETA of
+ * whichever ends the loop first at the rates so far. */
+static void print_task_progress(const SelfStudyOptions *o, int kept, int tries, int most, double t_start,
+                                double *shown) {
+    double now = now_seconds(), elapsed = now - t_start, per_try = elapsed / (tries > 0 ? tries : 1);
+    if (now - *shown < 1 && kept < o->n_tasks && tries < most) return;
+    *shown = now;
+    double left = most - tries;  /* tries left at most */
+    if (kept > 0 && (double)(o->n_tasks - kept) * tries / kept < left) left = (double)(o->n_tasks - kept) * tries / kept;
+    fprintf(stderr, "\r%s %d/%d kept, %d/%d tries  %.1fs  ETA %.0fs   ", task_label(o), kept, o->n_tasks, tries, most,
+            elapsed, left * per_try);
+}
+
 /* 1 when the builder holds a prompt whose question part is these n tokens;
  * for an evaluation-only task (o->eval_only), a prompt that starts with
  * them at all: a prompt trained on must not hold the task's question. */
@@ -345,16 +360,19 @@ static void make_tasks(const SelfStudyOptions *o, const SelfStudyInputs *in, con
     sampler_init(&sampler, in->model->config.vocab_size, 1.0f, 1.0f, o->seed + 3);
     uint64_t rng = o->seed * 0x2545F4914F6CDD1DULL + 5;
     char *doc_text = decoded_text(in->tok, in->doc_ids, in->n_doc);
-    double t0 = now_seconds();
-    for (int done = 0, kind = 0; done < o->n_tasks && tries < 8 * patience(o) * o->n_tasks; kind = (kind + 1) % 3) {
+    double t0 = now_seconds(), shown = 0;
+    int most = 8 * patience(o) * o->n_tasks;
+    for (int done = 0, kind = 0; done < o->n_tasks && tries < most; kind = (kind + 1) % 3) {
         if (kept[kind] >= (o->n_tasks + 2 - kind) / 3) continue;
         tries++;
         int cue_chars = 3 + (int)(rng_u32(&rng) % 14), nq;  /* a quote's cue: 3..16 characters */
         int len = try_task(o, in, b, &TASK_FORMATS[kind], cue_chars, stop, doc_text, &sampler, tokens, &nq);
-        if (len == 0) continue;
-        add_prompt(b, tokens, len, nq);
-        kept[kind]++;
-        print_progress(task_label(o), ++done, o->n_tasks, t0);
+        if (len > 0) {
+            add_prompt(b, tokens, len, nq);
+            kept[kind]++;
+            done++;
+        }
+        print_task_progress(o, done, tries, most, t0, &shown);
     }
     fprintf(stderr, "\r%s: %d quote, %d continue, %d question kept of %d tries (the rest not well formed, "
             "repeats, or without a complete answer from the document)\n", task_label(o), kept[0], kept[1], kept[2],
@@ -589,7 +607,7 @@ static void make_chat_tasks(const SelfStudyOptions *o, const SelfStudyInputs *in
     Sampler sampler;
     sampler_init(&sampler, in->model->config.vocab_size, 0.7f, 0.9f, o->seed + 3);
     uint64_t rng = o->seed * 0x2545F4914F6CDD1DULL + 5;
-    double t0 = now_seconds();
+    double t0 = now_seconds(), shown = 0;
     int most = 4 * patience(o) * o->n_tasks;
     while (n_chunks > 0 && done < o->n_tasks && tries < most) {
         for (cr.count = 0; cr.count < CHAT_BATCH && tries < most; cr.count++, tries++) {
@@ -603,7 +621,7 @@ static void make_chat_tasks(const SelfStudyOptions *o, const SelfStudyInputs *in
         chat_answer_requests(o, in, &s, stop, &cr, b, kept, o->n_tasks - done);
         for (int k = 0; k < cr.count; k++) free(cr.request[k]);
         done = kept[CHAT_QUESTION] + kept[CHAT_QUOTE] + kept[CHAT_SUMMARY];
-        print_progress(task_label(o), done, o->n_tasks, t0);
+        print_task_progress(o, done, tries, most, t0, &shown);
     }
     fprintf(stderr, "\r%s from %d chunks: %d %s, %d %s, %d %s kept of %d requests (the rest not well formed, "
             "repeats, or unanswered within the caps)\n", task_label(o), n_chunks, kept[0], CHAT_KIND_NAMES[0], kept[1],
