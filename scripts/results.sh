@@ -49,6 +49,12 @@
 #   scripts/results.sh real-ends  SmolLM2 on Apache-2.0: where answers end (infer --stops) and how far Nectar
 #                                 drifts (--drift 1024) for train's defaults (the teacher's top 32), and with 32
 #                                 prompts reaching 512 tokens past their questions (--far-prompts); 2 hours
+#   scripts/results.sh real-plain-losses [DOC]  SmolLM2 with --no-chat on LGPL-3 (or DOC, a name in
+#                                 /usr/share/common-licenses with a question set data/qa/DOC.qa), the plain
+#                                 recipe's losses as plain-losses has them, at 1000 steps, not its 6000 (hours
+#                                 a fit here); on 200 spans and no tasks (SmolLM2 writes none of the default model's
+#                                 task formats), the teacher's top 32: the table of scripts/qa_table.py; 52
+#                                 minutes on 2 cores
 #   scripts/results.sh plain-losses  the plain recipe's losses (pure KL, the default; mixed; regression; and
 #                                 regression then 400 KL steps) on the default model, seeds 1234 and 7, each
 #                                 seed's self-study made once (--save-self-study) and read again
@@ -181,7 +187,8 @@ plain-losses)
     rows=()
     for fit in kl mixed regression staged; do for s in 1234 7; do rows+=("$fit, seed $s=$tmp/$fit-$s.json"); done; done
     python3 scripts/qa_table.py "${rows[@]}" ;;
-real|real-losses|real-rounding|real-documents|real-serving|real-qa|real-topk|real-coverage|real-compose|real-ends)
+real|real-losses|real-rounding|real-documents|real-serving|real-qa|real-topk|real-coverage|real-compose|real-ends|\
+real-plain-losses)
     MODEL=(-m models/SmolLM2-135M-Instruct.Q4_1.gguf)
     [ -f "${MODEL[1]}" ] || { echo "error: ${MODEL[1]} is missing: make smollm2 first" >&2; exit 1; }
     # train's chat recipe (demo-real's) without its KL stage and with MLP modules: its regression fit, 2000
@@ -290,6 +297,21 @@ real|real-losses|real-rounding|real-documents|real-serving|real-qa|real-topk|rea
         for name in "${names[@]}"; do
             rows+=("$name, $(top_number "$tmp/$name.json" train_positions) positions=$tmp/$name.json")
         done
+        python3 scripts/qa_table.py "${rows[@]}"
+        echo; fit_times "${names[@]}" ;;
+    real-plain-losses)
+        doc=${2:-LGPL-3}
+        [ -f "data/qa/$doc.qa" ] || { echo "error: no question set data/qa/$doc.qa" >&2; exit 1; }
+        path=/usr/share/common-licenses/$doc
+        plain=(--no-chat --qa "data/qa/$doc.qa" --kl-top-k 32)
+        fit kl "$path" "${plain[@]}" --n-prompts 200 --tasks 0 --eval-tasks 0 --steps 1000 \
+            --save-self-study "$tmp/plain.ss"
+        plain+=(--self-study "$tmp/plain.ss")
+        fit mixed "$path" "${plain[@]}" --steps 1000 --loss mixed
+        fit regression "$path" "${plain[@]}" --steps 1000 --loss regression
+        fit staged "$path" "${plain[@]}" --steps 2000 --loss regression --kl-steps 400
+        names=(kl mixed regression staged) rows=()
+        for name in "${names[@]}"; do rows+=("$name=$tmp/$name.json"); done
         python3 scripts/qa_table.py "${rows[@]}"
         echo; fit_times "${names[@]}" ;;
     real-compose)
