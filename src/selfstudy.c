@@ -67,6 +67,13 @@ static void print_task_progress(const SelfStudyOptions *o, int kept, int tries, 
             elapsed, left * per_try);
 }
 
+/* After a task loop that kept none: what to do about it. */
+static void hint_if_none_kept(const SelfStudyOptions *o, int kept) {
+    if (kept == 0)
+        fprintf(stderr, "%s: none kept: this model does not write these tasks in a form they can be checked in "
+                "(%s 0 skips the tries)\n", task_label(o), o->eval_only ? "--eval-tasks" : "--tasks");
+}
+
 /* 1 when the builder holds a prompt whose question part is these n tokens;
  * for an evaluation-only task (o->eval_only), a prompt that starts with
  * them at all: a prompt trained on must not hold the task's question. */
@@ -377,6 +384,7 @@ static void make_tasks(const SelfStudyOptions *o, const SelfStudyInputs *in, con
     fprintf(stderr, "\r%s: %d quote, %d continue, %d question kept of %d tries (the rest not well formed, "
             "repeats, or without a complete answer from the document)\n", task_label(o), kept[0], kept[1], kept[2],
             tries);
+    hint_if_none_kept(o, kept[0] + kept[1] + kept[2]);
     sampler_free(&sampler);
     free(doc_text);
     free(tokens);
@@ -626,6 +634,7 @@ static void make_chat_tasks(const SelfStudyOptions *o, const SelfStudyInputs *in
     fprintf(stderr, "\r%s from %d chunks: %d %s, %d %s, %d %s kept of %d requests (the rest not well formed, "
             "repeats, or unanswered within the caps)\n", task_label(o), n_chunks, kept[0], CHAT_KIND_NAMES[0], kept[1],
             CHAT_KIND_NAMES[1], kept[2], CHAT_KIND_NAMES[2], tries);
+    hint_if_none_kept(o, done);
     for (int k = 0; k < CHAT_BATCH; k++) { free(cr.ids[k]); free(cr.gen[k]); }
     sampler_free(&sampler);
     runstate_free(&s);
