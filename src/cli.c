@@ -97,16 +97,24 @@ static void print_answer_summary(FILE *f, const EvalResult *r) {
             r->answer_repeats[1], r->answer_repeats[2], r->answer_repeats_ci[1][0], r->answer_repeats_ci[1][1]);
 }
 
+/* "Nectar's 95% interval [lo, hi]" into buf, or that there is none (a ratio over prompts needs two) */
+static const char *interval_text(char *buf, size_t size, const double ci[2]) {
+    if (isfinite(ci[0]) && isfinite(ci[1])) snprintf(buf, size, "Nectar's 95%% interval [%.4f, %.4f]", ci[0], ci[1]);
+    else snprintf(buf, size, "no 95%% interval (fewer than 2 prompts)");
+    return buf;
+}
+
 void print_eval_table(FILE *f, const char *title, const EvalResult *r, int n_layers) {
+    char ci_text[2][64];
     fprintf(f, "%s: %d prompts, %d next-token positions\n", title, r->n_prompts, r->n_positions);
     fprintf(f, "  %-26s %10s %10s %10s\n", "", "full cache", "Nectar", "no doc");
     fprintf(f, "  %-26s %10.4f %10.4f %10.4f\n", "token accuracy", r->acc_full, r->acc_nectar, r->acc_nodoc);
     fprintf(f, "  %-26s %10s %10.2f %10.2f\n", "gap to full cache (pp)", "",
             100 * (r->acc_full - r->acc_nectar), 100 * (r->acc_full - r->acc_nodoc));
-    fprintf(f, "  %-26s %10s %10.4f %10.4f   Nectar's 95%% interval [%.4f, %.4f]\n", "top-1 agreement with full",
-            "", r->agree, r->agree_nodoc, r->agree_ci[0], r->agree_ci[1]);
-    fprintf(f, "  %-26s %10s %10.4f %10.4f   Nectar's 95%% interval [%.4f, %.4f]\n", "mean KL(full || model)", "",
-            r->kl, r->kl_nodoc, r->kl_ci[0], r->kl_ci[1]);
+    fprintf(f, "  %-26s %10s %10.4f %10.4f   %s\n", "top-1 agreement with full", "", r->agree, r->agree_nodoc,
+            interval_text(ci_text[0], sizeof ci_text[0], r->agree_ci));
+    fprintf(f, "  %-26s %10s %10.4f %10.4f   %s\n", "mean KL(full || model)", "", r->kl, r->kl_nodoc,
+            interval_text(ci_text[1], sizeof ci_text[1], r->kl_ci));
     if (r->n_queries > 0) {  /* none for a composition of documents */
         fprintf(f, "  module fit on the teacher's queries (%ld evaluations):\n", r->n_queries);
         fprintf(f, "    score MSE %.4g   target MSE %.4g   relative transport error %.4g\n",

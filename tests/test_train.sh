@@ -381,6 +381,19 @@ sys.exit(not ok)' "$tmp/near.json" "$tmp/far.json" \
     echo "    tasks kept (quote, continue, question): $kept; held-out task prompts $(json "$tmp/tasks.json" random n_answers)"
     [ "$kept" = "4 4 4" ] && is "$(json "$tmp/tasks.json" random n_answers) > 0" \
         && ok "--tasks 12: 4 of each kind, held-out ones answered" || fail "--tasks 12: '$kept'"
+    # a model that writes none of the tasks well formed (random weights): the progress line counts the
+    # tries, and the end says what to do about it
+    ./tests/random_model "$tmp/vocab259.bin" 64 160 3 8 2 259 512 5 0.15 2> /dev/null
+    "$bin/train" -m "$tmp/vocab259.bin" -z data/tokenizer.bin -d data/doc.txt --n-prompts 8 --tasks 3 --eval-tasks 3 \
+        --steps 0 -o "$tmp/none.nectar" > "$tmp/out" 2> "$tmp/log"
+    tr '\r' '\n' < "$tmp/log" > "$tmp/lines"
+    grep -q "^tasks 0/3 kept, 24/24 tries" "$tmp/lines" && grep -q "^tasks: none kept: .*(--tasks 0 skips" "$tmp/lines" \
+        && grep -q "^evaluation-only tasks: none kept: .*(--eval-tasks 0 skips" "$tmp/lines" \
+        && ok "no task kept: the tries counted, and --tasks 0 and --eval-tasks 0 named" \
+        || { fail "no task kept"; grep -i task "$tmp/lines"; }
+    # its challenge split is one prompt: the table says there is no interval, not [nan, nan]
+    [ "$(grep -c "no 95% interval (fewer than 2 prompts)" "$tmp/out")" = 2 ] && ! grep -qi nan "$tmp/out" \
+        && ok "a one-prompt split: no interval, said in words" || { fail "a one-prompt split's interval"; cat "$tmp/out"; }
 fi
 
 # refusals: another document, another model, truncated or corrupt files
