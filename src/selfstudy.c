@@ -70,8 +70,8 @@ static void print_task_progress(const SelfStudyOptions *o, int kept, int tries, 
 /* After a task loop that kept none: what to do about it. */
 static void hint_if_none_kept(const SelfStudyOptions *o, int kept) {
     if (kept == 0)
-        fprintf(stderr, "%s: none kept: this model does not write these tasks in a form they can be checked in "
-                "(%s 0 skips the tries)\n", task_label(o), o->eval_only ? "--eval-tasks" : "--tasks");
+        fprintf(stderr, "%s: none kept: this model does not write them in forms the checks accept (%s 0 skips "
+                "the tries)\n", task_label(o), o->eval_only ? "--eval-tasks" : "--tasks");
 }
 
 /* 1 when the builder holds a prompt whose question part is these n tokens;
