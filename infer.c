@@ -775,18 +775,19 @@ static int run_drift(const Options *o, const Inputs *in, const Compositions *c) 
     if (drift_profile(&in->model, c->full, c->nectar, &ms->heldout, o->drift, n_seqs, &r) != 0) return -1;
     if (o->json) printf("{\"drift\": {\"n_seqs\": %d, \"length\": %d, \"bins\": [", r.n_seqs, r.length);
     else printf("drift: %d held-out task prompts, each continued %d tokens by the full cache (greedy, no stop)\n"
-                "  %-14s %9s %12s %12s %24s %10s %10s\n", r.n_seqs, r.length, "local tokens", "positions",
+                "  %-14s %9s %12s %12s %27s %10s %10s\n", r.n_seqs, r.length, "local tokens", "positions",
                 "KL Nectar", "KL no doc", "Nectar's KL 95% interval", "agree", "agree nodoc");
     for (int b = 0; b < r.n_bins; b++) {
         if (o->json) {
-            printf("%s{\"lo\": %d, \"hi\": %d, \"positions\": %ld, \"kl\": %.6g, \"kl_nodoc\": %.6g, \"kl_ci\": ",
+            printf("%s{\"lo\": %d, \"hi\": %d, \"positions\": %ld, \"kl\": %.6g, \"kl_nodoc\": %.6g",
                    b ? ", " : "", r.lo[b], r.hi[b], r.positions[b], r.kl[b], r.kl_nodoc[b]);
-            if (isfinite(r.kl_ci[b][0])) printf("[%.6g, %.6g]", r.kl_ci[b][0], r.kl_ci[b][1]);
-            else printf("null");  /* one sequence: no interval */
+            print_interval_json(stdout, "kl_ci", r.kl_ci[b]);
             printf(", \"agree\": %.6f, \"agree_nodoc\": %.6f}", r.agree[b], r.agree_nodoc[b]);
-        } else
-            printf("  %5d - %-6d %9ld %12.4f %12.4f       [%8.4f, %8.4f] %10.4f %10.4f\n", r.lo[b], r.hi[b],
-                   r.positions[b], r.kl[b], r.kl_nodoc[b], r.kl_ci[b][0], r.kl_ci[b][1], r.agree[b], r.agree_nodoc[b]);
+        } else {
+            char ci_text[64];
+            printf("  %5d - %-6d %9ld %12.4f %12.4f %27s %10.4f %10.4f\n", r.lo[b], r.hi[b], r.positions[b], r.kl[b],
+                   r.kl_nodoc[b], interval_text(ci_text, sizeof ci_text, r.kl_ci[b]), r.agree[b], r.agree_nodoc[b]);
+        }
     }
     if (o->json) printf("]}}\n");
     return 0;

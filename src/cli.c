@@ -97,10 +97,9 @@ static void print_answer_summary(FILE *f, const EvalResult *r) {
             r->answer_repeats[1], r->answer_repeats[2], r->answer_repeats_ci[1][0], r->answer_repeats_ci[1][1]);
 }
 
-/* "Nectar's 95% interval [lo, hi]" into buf, or that there is none (a ratio over prompts needs two) */
-static const char *interval_text(char *buf, size_t size, const double ci[2]) {
-    if (isfinite(ci[0]) && isfinite(ci[1])) snprintf(buf, size, "Nectar's 95%% interval [%.4f, %.4f]", ci[0], ci[1]);
-    else snprintf(buf, size, "no 95%% interval (fewer than 2 prompts)");
+const char *interval_text(char *buf, size_t size, const double ci[2]) {
+    if (isfinite(ci[0]) && isfinite(ci[1])) snprintf(buf, size, "[%.4f, %.4f]", ci[0], ci[1]);
+    else snprintf(buf, size, "none (fewer than 2 prompts)");
     return buf;
 }
 
@@ -111,10 +110,10 @@ void print_eval_table(FILE *f, const char *title, const EvalResult *r, int n_lay
     fprintf(f, "  %-26s %10.4f %10.4f %10.4f\n", "token accuracy", r->acc_full, r->acc_nectar, r->acc_nodoc);
     fprintf(f, "  %-26s %10s %10.2f %10.2f\n", "gap to full cache (pp)", "",
             100 * (r->acc_full - r->acc_nectar), 100 * (r->acc_full - r->acc_nodoc));
-    fprintf(f, "  %-26s %10s %10.4f %10.4f   %s\n", "top-1 agreement with full", "", r->agree, r->agree_nodoc,
-            interval_text(ci_text[0], sizeof ci_text[0], r->agree_ci));
-    fprintf(f, "  %-26s %10s %10.4f %10.4f   %s\n", "mean KL(full || model)", "", r->kl, r->kl_nodoc,
-            interval_text(ci_text[1], sizeof ci_text[1], r->kl_ci));
+    fprintf(f, "  %-26s %10s %10.4f %10.4f   Nectar's 95%% interval %s\n", "top-1 agreement with full", "",
+            r->agree, r->agree_nodoc, interval_text(ci_text[0], sizeof ci_text[0], r->agree_ci));
+    fprintf(f, "  %-26s %10s %10.4f %10.4f   Nectar's 95%% interval %s\n", "mean KL(full || model)", "", r->kl,
+            r->kl_nodoc, interval_text(ci_text[1], sizeof ci_text[1], r->kl_ci));
     if (r->n_queries > 0) {  /* none for a composition of documents */
         fprintf(f, "  module fit on the teacher's queries (%ld evaluations):\n", r->n_queries);
         fprintf(f, "    score MSE %.4g   target MSE %.4g   relative transport error %.4g\n",
@@ -126,8 +125,7 @@ void print_eval_table(FILE *f, const char *title, const EvalResult *r, int n_lay
     print_answer_summary(f, r);
 }
 
-/* ", \"name\": [lo, hi]", or null where the interval is not defined */
-static void print_interval_json(FILE *f, const char *name, const double ci[2]) {
+void print_interval_json(FILE *f, const char *name, const double ci[2]) {
     if (isfinite(ci[0]) && isfinite(ci[1])) fprintf(f, ", \"%s\": [%.6g, %.6g]", name, ci[0], ci[1]);
     else fprintf(f, ", \"%s\": null", name);
 }

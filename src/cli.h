@@ -32,6 +32,11 @@ int option_once(SeenOptions *s, const char *option);
 /* "\r<what> done/total  <elapsed>s  ETA <eta>s" on stderr, for a loop that
  * started at t_start (now_seconds()). */
 void print_progress(const char *what, int done, int total, double t_start);
+/* A 95% interval ci: "[lo, hi]" into buf (size bytes), or "none (fewer than 2
+ * prompts)" where it is not defined (NaN: a ratio over prompts needs two). */
+const char *interval_text(char *buf, size_t size, const double ci[2]);
+/* ", \"name\": [lo, hi]", or null where the interval is not defined */
+void print_interval_json(FILE *f, const char *name, const double ci[2]);
 /* The metrics as a human-readable table, or as the body of a JSON object. */
 void print_eval_table(FILE *f, const char *title, const EvalResult *r, int n_layers);
 void print_eval_json(FILE *f, const EvalResult *r);

@@ -392,8 +392,16 @@ sys.exit(not ok)' "$tmp/near.json" "$tmp/far.json" \
         && ok "no task kept: the tries counted, and --tasks 0 and --eval-tasks 0 named" \
         || { fail "no task kept"; grep -i task "$tmp/lines"; }
     # its challenge split is one prompt: the table says there is no interval, not [nan, nan]
-    [ "$(grep -c "no 95% interval (fewer than 2 prompts)" "$tmp/out")" = 2 ] && ! grep -qi nan "$tmp/out" \
+    [ "$(grep -c "interval none (fewer than 2 prompts)" "$tmp/out")" = 2 ] && ! grep -qi nan "$tmp/out" \
         && ok "a one-prompt split: no interval, said in words" || { fail "a one-prompt split's interval"; cat "$tmp/out"; }
+    # --drift over one held-out task: its bins have no interval either, in words and as null in JSON
+    drift=("$bin/infer" -m data/model.bin -z data/tokenizer.bin -d data/doc.txt -k "$tmp/tasks.nectar" --eval --drift 16
+           --drift-prompts 1)
+    "${drift[@]}" > "$tmp/out" 2> "$tmp/log" && "${drift[@]}" --json > "$tmp/drift.json" 2>> "$tmp/log"
+    grep -q "none (fewer than 2 prompts)" "$tmp/out" && ! grep -qi nan "$tmp/out" \
+        && grep -q '"kl_ci": null' "$tmp/drift.json" && ! grep -qi nan "$tmp/drift.json" \
+        && ok "--drift of one prompt: no interval, said in words and null" \
+        || { fail "--drift of one prompt"; cat "$tmp/out" "$tmp/drift.json" "$tmp/log"; }
 fi
 
 # refusals: another document, another model, truncated or corrupt files
