@@ -16,6 +16,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,8 +62,8 @@ static void print_task_progress(const SelfStudyOptions *o, int kept, int tries, 
     double now = now_seconds(), elapsed = now - t_start, per_try = elapsed / (tries > 0 ? tries : 1);
     if (now - *shown < 1 && kept < o->n_tasks && tries < most) return;
     *shown = now;
-    double left = most - tries;  /* tries left at most */
-    if (kept > 0 && (double)(o->n_tasks - kept) * tries / kept < left) left = (double)(o->n_tasks - kept) * tries / kept;
+    double left = most - tries;  /* tries left: at most the cap's, or those the kept rate needs */
+    if (kept > 0) left = fmin(left, (double)(o->n_tasks - kept) * tries / kept);
     fprintf(stderr, "\r%s %d/%d kept, %d/%d tries  %.1fs  ETA %.0fs   ", task_label(o), kept, o->n_tasks, tries, most,
             elapsed, left * per_try);
 }
