@@ -48,6 +48,7 @@
 
 enum { NOT_GIVEN = INT_MIN };  /* an option left to the recipe (below), which load_inputs picks */
 typedef enum { LOSS_KL, LOSS_REGRESSION, LOSS_MIXED } LossPreset;
+static const char *const LOSS_NAMES[] = {"kl", "regression", "mixed"};  /* by LossPreset */
 
 typedef struct {
     const char *model_path, *tok_path, *doc_text_path, *doc_ids_path, *out_path;
@@ -59,8 +60,8 @@ typedef struct {
     float rho, lr, weight_decay, warmup_fraction, lambda_alpha, lambda_A, lambda_kl, kl_lr;
     int steps, kl_steps, batch, kl_prompts, n_prompts, n_tasks, prompt_len, answer_len, checkpoint_every, stop_after;
     int far_prompts, far_len;  /* --far-prompts, --far-len */
-    int eval_tasks;   /* evaluation-only tasks to make, never trained on (NOT_GIVEN: 100, or none with
-                       * eval_tasks_from) */
+    int eval_tasks;   /* evaluation-only tasks to make, never trained on (NOT_GIVEN: the recipe's, or
+                       * none with eval_tasks_from) */
     int json;
     int eval_train;  /* --eval-train: the metrics on the training prompts too */
     int teacher_logits_mb;  /* the teacher's logits are kept up to this size, else recomputed */
@@ -75,24 +76,32 @@ typedef struct {
 } Options;
 
 /* Train's defaults, as the model is: a recipe fills in what the command line
- * left out (NOT_GIVEN, or NaN for --kl-lr) once load_inputs knows whether
- * the run is a chat one. A small plain-text model, of llama2.c's size, fits
- * best by pure KL: 6000 steps at --lr, minutes on a CPU. A chat model is a
- * real LLM, each of whose KL steps is a forward and backward of all its
- * layers: its recipe is a regression fit of quadrature modules (2000 cheap
- * steps), then 400 KL steps going on from it, on a smaller self-study (32
- * spans, 64 tasks), the KL term's teacher as its top 32 tokens (a real
- * vocabulary's logits would take 196 KB a position): 23 minutes on 2 cores
- * for SmolLM2-135M and Apache-2.0
- * (docs/real-model.md: what each part of it gains). */
+ * left out (NOT_GIVEN, or NaN for --kl-lr) once load_inputs knows the model
+ * and whether the run is a chat one. A small plain-text model, of llama2.c's
+ * size, fits best by pure KL: 6000 steps at --lr, minutes on a CPU. A real
+ * LLM is another matter, each of its KL steps a forward and backward of all
+ * its layers: its recipe is a regression fit (2000 cheap steps), then 400 KL
+ * steps going on from it, the KL term's teacher as its top 32 tokens (a real
+ * vocabulary's logits would take 196 KB a position). Read as a chat, it fits
+ * quadrature modules on a smaller self-study (32 spans, 64 chat tasks): 23
+ * minutes on 2 cores for SmolLM2-135M and Apache-2.0. Read as plain text, it
+ * writes none of the tasks the plain self-study asks for (their formats are
+ * the default model's), so its self-study is 200 spans and continuations, and
+ * MLP modules (docs/results.md, the four losses on SmolLM2 read as plain
+ * text: a third of pure KL's KL in half its time). A model is a real LLM here
+ * from LARGE_MODEL_PARAMS parameters: the geometric middle of the two models
+ * the plain recipes were measured on (the default model's 0.8M, SmolLM2's
+ * 135M); docs/real-model.md: what each part of the chat recipe gains. */
 typedef struct {
     ModuleArch arch;
     LossPreset loss;
-    int steps, kl_steps, n_prompts, n_tasks, prompt_len, answer_len, kl_top_k;
+    int steps, kl_steps, n_prompts, n_tasks, eval_tasks, prompt_len, answer_len, kl_top_k;
     float kl_lr;
 } Recipe;
-static const Recipe PLAIN_RECIPE = {ARCH_MLP, LOSS_KL, 6000, 0, 50, 300, 80, 48, 0, 3e-3f};
-static const Recipe CHAT_RECIPE = {ARCH_QUAD, LOSS_REGRESSION, 2000, 400, 32, 64, 196, 128, 32, 6e-3f};
+static const Recipe PLAIN_RECIPE = {ARCH_MLP, LOSS_KL, 6000, 0, 50, 300, 100, 80, 48, 0, 3e-3f};
+static const Recipe LARGE_PLAIN_RECIPE = {ARCH_MLP, LOSS_REGRESSION, 2000, 400, 200, 0, 0, 80, 48, 32, 3e-3f};
+static const Recipe CHAT_RECIPE = {ARCH_QUAD, LOSS_REGRESSION, 2000, 400, 32, 64, 100, 196, 128, 32, 6e-3f};
+enum { LARGE_MODEL_PARAMS = 10000000 };
 
 static void usage(FILE *f) {
     fprintf(f,
@@ -111,26 +120,29 @@ static void usage(FILE *f) {
         "                    text document. A chat run has a real model's defaults (its recipe):\n"
         "                    quadrature, 2000 regression steps, then 400 KL steps, on a smaller\n"
         "                    self-study (each option below says where it differs)\n"
-        "  --no-chat         the document and prompts as plain text, even for a chat model (and the\n"
-        "                    plain recipe's defaults: MLP, 6000 pure-KL steps)\n"
+        "  --no-chat         the document and prompts as plain text, even for a chat model, and the\n"
+        "                    plain recipe's defaults: MLP, 6000 pure-KL steps; for a large model (10M\n"
+        "                    parameters or more), 2000 regression steps then 400 KL steps, the\n"
+        "                    teacher's top 32, on 200 spans and no tasks (each option says where)\n"
         "  -o OUT.nectar     module file to write\n"
         "  --arch mlp|quad   module architecture (default mlp; quad with --chat)\n"
         "  --rho R           budget: params / (2 n d) per module (default 0.1)\n"
         "  --depths B,S,T    MLP depths: backbone, score head, target head (default 1,1,1)\n"
         "  --groups SPEC     layer-group capacity multipliers a-b:m,... (layers a..b-1 get m;\n"
         "                    normalised to average 1), e.g. 0-2:1,2-4:2 for 4 layers\n"
-        "  --steps N         optimisation steps (default 6000, 2000 with --chat; 0, with no --kl-steps\n"
-        "                    stage, evaluates the initial modules)\n"
+        "  --steps N         optimisation steps (default 6000; 2000 with --chat or a large model; 0,\n"
+        "                    with no --kl-steps stage, evaluates the initial modules)\n"
         "  --kl-steps N      then N pure-KL steps going on from the fitted modules, with fresh AdamW\n"
         "                    moments and their own warmup and decay from a peak of --kl-lr: a\n"
-        "                    regression fit, then KL, in one run (default 0; 400 with --chat and the\n"
-        "                    regression loss)\n"
+        "                    regression fit, then KL, in one run (default 0; 400 with --chat or a\n"
+        "                    large model, and the regression loss)\n"
         "  --kl-lr LR        the peak learning rate of the --kl-steps (default 3e-3; 6e-3 with --chat)\n"
         "  --batch N         prompt positions per step (default 64; x heads per group)\n"
         "  --lr LR           peak learning rate of the --steps (default 3e-2)   --wd W  weight decay\n"
         "                    (default 0)\n"
         "  --warmup F        warmup fraction of each stage's steps (default 0.05)\n"
-        "  --loss PRESET     kl (default: pure KL) | regression (the default with --chat) | mixed\n"
+        "  --loss PRESET     kl (default: pure KL) | regression (the default with --chat or a large\n"
+        "                    model) | mixed\n"
         "                    (regression + 1 KL); the regression terms are divided by their targets'\n"
         "                    variance\n"
         "  --lambda-alpha X  score loss weight (presets: 0.1; kl 0)\n"
@@ -139,19 +151,21 @@ static void usage(FILE *f) {
         "  --kl-prompts N    training prompts per step for the KL term (default 2)\n"
         "  --kl-top-k K      the KL term's teacher as its K likeliest tokens and one bucket for the rest\n"
         "                    (8 K + 4 bytes a position, not 4 V; the KL over K + 1 outcomes; default 32\n"
-        "                    with --chat, else 0: the whole vocabulary)\n"
+        "                    with --chat or a large model, else 0: the whole vocabulary)\n"
         "  --teacher-logits-mb N  the KL term's teacher logits are kept from the teacher pass up to N MB,\n"
         "                    else recomputed at each step, on the CPU (default 2048)\n"
         "  --n-prompts N     self-study spans and continuations of the document (default 50; 32 with\n"
-        "                    --chat)\n"
+        "                    --chat, 200 for a large model without)\n"
         "  --tasks N         self-study task prompts (needs a tokenizer): the full-cache model writes\n"
         "                    tasks about the document and answers them: quote, continue and question\n"
         "                    tasks, a third each, from 8 N tries; with --chat, questions it writes\n"
-        "                    and quote and summary requests, from 4 N (default 300; 64 with --chat)\n"
-        "  --eval-tasks N    evaluation-only tasks (default 100): made as the self-study tasks but from\n"
-        "                    another seed, none asking what a self-study prompt asks, answered by the\n"
-        "                    full cache and never trained on; kept in the module file, measured as\n"
-        "                    their own split (\"tasks\"), with intervals\n"
+        "                    and quote and summary requests, from 4 N (default 300; 64 with --chat, 0\n"
+        "                    for a large model without)\n"
+        "  --eval-tasks N    evaluation-only tasks (default 100; 0 for a large model without --chat):\n"
+        "                    made as the self-study tasks but from another seed, none asking what a\n"
+        "                    self-study prompt asks, answered by the full cache and never trained on;\n"
+        "                    kept in the module file, measured as their own split (\"tasks\"), with\n"
+        "                    intervals\n"
         "  --eval-tasks-from FILE.nectar  take the evaluation-only tasks of a module file fitted to this\n"
         "                    model and document instead of making them: fits compared on the same tasks,\n"
         "                    and no time spent making them again\n"
@@ -209,10 +223,12 @@ static int parse_word_option(const char *a, const char *v, Options *o) {
             return -1;
         }
     } else if (!strcmp(a, "--loss")) {
-        if (!strcmp(v, "regression")) o->loss_preset = LOSS_REGRESSION;
-        else if (!strcmp(v, "mixed")) o->loss_preset = LOSS_MIXED;
-        else if (!strcmp(v, "kl")) o->loss_preset = LOSS_KL;
-        else { fprintf(stderr, "error: --loss must be regression, mixed or kl, not '%s'\n", v); return -1; }
+        for (int k = 0; k < 3; k++)
+            if (!strcmp(v, LOSS_NAMES[k])) o->loss_preset = k;
+        if (o->loss_preset == NOT_GIVEN) {
+            fprintf(stderr, "error: --loss must be regression, mixed or kl, not '%s'\n", v);
+            return -1;
+        }
     } else return 0;
     return 1;
 }
@@ -320,6 +336,7 @@ static const char *apply_recipe(Options *o, const Recipe *r) {
                           r->kl_top_k};
     for (int k = 0; k < 8; k++)
         if (*given[k] == NOT_GIVEN) *given[k] = recipe[k];
+    if (o->eval_tasks == NOT_GIVEN) o->eval_tasks = o->eval_tasks_from ? 0 : r->eval_tasks;
     if (o->kl_steps == NOT_GIVEN) o->kl_steps = o->loss_preset == (int)r->loss ? r->kl_steps : 0;
     if (o->steps > INT_MAX - o->kl_steps) return "--steps and --kl-steps must be at most 2147483647 together";
     if (!isnan(o->kl_lr) && o->kl_steps == 0) return "--kl-lr sets the rate of the --kl-steps; give both";
@@ -382,7 +399,6 @@ static int parse_options(int argc, char **argv, Options *o) {
     }
     const char *why = check_options(o);
     if (why) { fprintf(stderr, "error: %s\n", why); return -1; }
-    if (o->eval_tasks == NOT_GIVEN) o->eval_tasks = o->eval_tasks_from ? 0 : 100;
     return check_outputs(o);
 }
 
@@ -419,9 +435,20 @@ static int read_document(const Options *o, Inputs *in) {
     return in->doc_ids ? 0 : -1;
 }
 
+/* The recipe for model m, read as a chat or not. */
+static const Recipe *recipe_for(const Model *m, int chat) {
+    if (chat) return &CHAT_RECIPE;
+    if (m->n_params < LARGE_MODEL_PARAMS) return &PLAIN_RECIPE;
+    fprintf(stderr, "a model of %.0fM parameters read as plain text: the large plain recipe's defaults hold (MLP, "
+            "%d regression steps then %d KL steps at %g, the teacher's top %d; %d spans, no tasks)\n",
+            m->n_params / 1e6, LARGE_PLAIN_RECIPE.steps, LARGE_PLAIN_RECIPE.kl_steps, LARGE_PLAIN_RECIPE.kl_lr,
+            LARGE_PLAIN_RECIPE.kl_top_k, LARGE_PLAIN_RECIPE.n_prompts);
+    return &LARGE_PLAIN_RECIPE;
+}
+
 /* Chat or not (-1: chat for a model with a ChatML template and a text
  * document), and the recipe that goes with it. */
-static int choose_chat(Options *o, const Tokenizer *tok) {
+static int choose_chat(Options *o, const Model *m, const Tokenizer *tok) {
     int has_template = tok && tok->chat_system;
     if (o->chat == 1 && !has_template) {
         fprintf(stderr, "error: --chat needs a tokenizer with a ChatML chat template (a GGUF chat model)\n");
@@ -433,7 +460,7 @@ static int choose_chat(Options *o, const Tokenizer *tok) {
                              "writes chat tasks and the chat recipe's defaults hold (--no-chat: plain text; "
                              "infer needs --chat)\n");
     }
-    const char *why = apply_recipe(o, o->chat ? &CHAT_RECIPE : &PLAIN_RECIPE);
+    const char *why = apply_recipe(o, recipe_for(m, o->chat));
     if (why) { fprintf(stderr, "error: %s\n", why); return -1; }
     return 0;
 }
@@ -454,7 +481,7 @@ static int load_inputs(Options *o, Inputs *in) {
         if (tokenizer_load(&in->tok, tok_path, c->vocab_size) != 0) return -1;
         in->tokp = &in->tok;
     }
-    if (choose_chat(o, in->tokp) != 0) return -1;
+    if (choose_chat(o, &in->model, in->tokp) != 0) return -1;
     if (o->kl_top_k > c->vocab_size) {
         fprintf(stderr, "error: --kl-top-k %d is more than the model's vocabulary of %d tokens\n", o->kl_top_k,
                 c->vocab_size);
@@ -1371,9 +1398,10 @@ static void print_results(const Options *o, const Inputs *in, const ModuleSet *m
     long kv_entries = 2L * in->n_doc * (c->dim / c->n_heads) * c->n_layers * c->n_kv_heads;
     printf("{\"arch\": \"%s\", \"rho\": %.6g, \"params\": %zu, \"kv_entries\": %ld, \"n_doc\": %d, "
            "\"train_prompts\": %d, \"train_positions\": %ld, \"steps\": %d, \"kl_steps\": %d, \"kl_top_k\": %d, "
-           "\"fit_seconds\": %.3f, \"total_seconds\": %.3f, ",
+           "\"loss\": \"%s\", \"lr\": %g, \"kl_lr\": %g, \"fit_seconds\": %.3f, \"total_seconds\": %.3f, ",
            o->arch == ARCH_MLP ? "mlp" : "quad", o->rho, ms->n_params, kv_entries, in->n_doc, td->n_train,
-           td->fit.P, o->steps, o->kl_steps, o->kl_top_k, fit_seconds, now_seconds() - t_start);
+           td->fit.P, o->steps, o->kl_steps, o->kl_top_k, LOSS_NAMES[o->loss_preset], o->lr, o->kl_lr, fit_seconds,
+           now_seconds() - t_start);
     print_eval_splits_json(stdout, r->split);
     if (o->eval_train) {
         printf(", \"train\": ");

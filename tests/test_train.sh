@@ -490,10 +490,22 @@ grep -q "^the model has a chat template" "$tmp/log" && "$bin/infer" -m $gguf -k 
 # (the recipe's KL stage goes with its loss: a chat run with --loss kl has none)
 "$bin/train" -m $gguf -d "$tmp/doc.txt" -o "$tmp/auto_kl.nectar" --steps 5 --n-prompts 20 --prompt-len 12 --loss kl \
     --json > "$tmp/auto_kl.json" 2> "$tmp/log" || cat "$tmp/log"
-grep -q '"arch": "quad", .*"steps": 20, "kl_steps": 400, "kl_top_k": 32,' "$tmp/auto.json" \
-    && grep -q '"arch": "quad", .*"steps": 5, "kl_steps": 0, "kl_top_k": 32,' "$tmp/auto_kl.json" \
-    && grep -q '"arch": "mlp", .*"steps": 100, "kl_steps": 0, "kl_top_k": 0,' "$tmp/gguf.json" \
+grep -q '"arch": "quad", .*"steps": 20, "kl_steps": 400, "kl_top_k": 32, "loss": "regression", "lr": 0.03, "kl_lr": 0.006,' \
+    "$tmp/auto.json" \
+    && grep -q '"arch": "quad", .*"steps": 5, "kl_steps": 0, "kl_top_k": 32, "loss": "kl",' "$tmp/auto_kl.json" \
+    && grep -q '"arch": "mlp", .*"steps": 100, "kl_steps": 0, "kl_top_k": 0, "loss": "kl", "lr": 0.03, "kl_lr": 0.003,' \
+    "$tmp/gguf.json" \
     && ok "a chat run takes the chat recipe's defaults, a plain run the plain one's" || fail "recipes: $(head -c 160 "$tmp/auto.json")"
+# a model of 10M parameters or more read as plain text takes the large plain recipe: MLP, a regression fit then
+# KL steps at 3e-3, the teacher's top 32, and a self-study of spans only (no task loop: no tasks, no evaluation-only ones)
+./tests/random_model "$tmp/large.bin" 512 1024 5 8 2 259 256 3 0.05 2> /dev/null
+"$bin/train" -m "$tmp/large.bin" -z data/tokenizer.bin -d "$tmp/doc.txt" -o "$tmp/large.nectar" --steps 3 --kl-steps 2 \
+    --n-prompts 6 --prompt-len 12 --json > "$tmp/large.json" 2> "$tmp/log" || cat "$tmp/log"
+grep -q '"arch": "mlp", .*"steps": 3, "kl_steps": 2, "kl_top_k": 32, "loss": "regression", "lr": 0.03, "kl_lr": 0.003,' \
+    "$tmp/large.json" && ! grep -q 'tasks [0-9]' "$tmp/log" \
+    && grep -q "^a model of 11M parameters read as plain text: the large plain recipe's" "$tmp/log" \
+    && ok "a large model read as plain text takes the large plain recipe's defaults" \
+    || fail "large plain recipe: $(head -c 240 "$tmp/large.json")"
 same=1
 for text in "the cat sat" "Hello, wörld! 123" "two
 lines" "€ 😀"; do
