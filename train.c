@@ -142,9 +142,8 @@ static void usage(FILE *f) {
         "                    (default 0)\n"
         "  --warmup F        warmup fraction of each stage's steps (default 0.05)\n"
         "  --loss PRESET     kl (default: pure KL) | regression (the default with --chat or a large\n"
-        "                    model) | mixed\n"
-        "                    (regression + 1 KL); the regression terms are divided by their targets'\n"
-        "                    variance\n"
+        "                    model) | mixed (regression + 1 KL); the regression terms are divided by\n"
+        "                    their targets' variance\n"
         "  --lambda-alpha X  score loss weight (presets: 0.1; kl 0)\n"
         "  --lambda-A X      target loss weight (presets: 1; kl 0)\n"
         "  --lambda-kl X     KL distillation weight (presets: kl and mixed 1, regression 0)\n"
@@ -223,7 +222,7 @@ static int parse_word_option(const char *a, const char *v, Options *o) {
             return -1;
         }
     } else if (!strcmp(a, "--loss")) {
-        for (int k = 0; k < 3; k++)
+        for (int k = 0; k < (int)(sizeof LOSS_NAMES / sizeof *LOSS_NAMES); k++)
             if (!strcmp(v, LOSS_NAMES[k])) o->loss_preset = k;
         if (o->loss_preset == NOT_GIVEN) {
             fprintf(stderr, "error: --loss must be regression, mixed or kl, not '%s'\n", v);
