@@ -233,6 +233,7 @@ expect_error "train --lr 3e38 diverges in its last step" "$bin/train" -m $model 
     -o "$tmp/nan.nectar" --rho 1 --lr 3e38 --steps 1 --loss regression
 [ ! -e "$tmp/nan.nectar" ] && { printf '  %-52s ok\n' "no module file written by the diverged runs"; passed=$((passed + 1)); } ||
     { printf '  %-52s FAIL\n' "no module file written by the diverged runs"; failed=$((failed + 1)); }
+expect_error "train --loss of no preset" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --loss klx
 # these programs are the CPU-only build: --gpu says where the GPU build is
 expect_error "infer --gpu (CPU-only build)" "$bin/infer" -m $model -I "$tmp/prompt.ids" -n 2 --gpu
 expect_error "train --gpu (CPU-only build)" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --gpu
