@@ -120,10 +120,11 @@ static void usage(FILE *f) {
         "                    text document. A chat run has a real model's defaults (its recipe):\n"
         "                    quadrature, 2000 regression steps, then 400 KL steps, on a smaller\n"
         "                    self-study (each option below says where it differs)\n"
-        "  --no-chat         the document and prompts as plain text, even for a chat model, and the\n"
-        "                    plain recipe's defaults: MLP, 6000 pure-KL steps; for a large model (10M\n"
-        "                    parameters or more), 2000 regression steps then 400 KL steps, the\n"
-        "                    teacher's top 32, on 200 spans and no tasks (each option says where)\n"
+        "  --no-chat         the document and prompts as plain text, even for a chat model. A model\n"
+        "                    read as plain text (so is one without a chat template) has the plain\n"
+        "                    recipe's defaults: MLP, 6000 pure-KL steps; if it is large (10M\n"
+        "                    parameters or more), the large plain recipe's: 2000 regression steps then\n"
+        "                    400 KL steps, the teacher's top 32, on 200 spans and no tasks\n"
         "  -o OUT.nectar     module file to write\n"
         "  --arch mlp|quad   module architecture (default mlp; quad with --chat)\n"
         "  --rho R           budget: params / (2 n d) per module (default 0.1)\n"
@@ -438,8 +439,9 @@ static int read_document(const Options *o, Inputs *in) {
 static const Recipe *recipe_for(const Model *m, int chat) {
     if (chat) return &CHAT_RECIPE;
     if (m->n_params < LARGE_MODEL_PARAMS) return &PLAIN_RECIPE;
-    fprintf(stderr, "a model of %.0fM parameters read as plain text: the large plain recipe's defaults hold (MLP, "
-            "%d regression steps then %d KL steps at %g, the teacher's top %d; %d spans, no tasks)\n",
+    fprintf(stderr, "a model of %.0fM parameters read as plain text: the large plain recipe's defaults hold where "
+            "the command line is silent (MLP, %d regression steps then %d KL steps at %g, the teacher's top %d; "
+            "%d spans, no tasks)\n",
             m->n_params / 1e6, LARGE_PLAIN_RECIPE.steps, LARGE_PLAIN_RECIPE.kl_steps, LARGE_PLAIN_RECIPE.kl_lr,
             LARGE_PLAIN_RECIPE.kl_top_k, LARGE_PLAIN_RECIPE.n_prompts);
     return &LARGE_PLAIN_RECIPE;

@@ -506,6 +506,11 @@ grep -q '"arch": "mlp", .*"steps": 3, "kl_steps": 2, "kl_top_k": 32, "loss": "re
     && grep -q "^a model of 11M parameters read as plain text: the large plain recipe's" "$tmp/log" \
     && ok "a large model read as plain text takes the large plain recipe's defaults" \
     || fail "large plain recipe: $(head -c 240 "$tmp/large.json")"
+# and its 2000 regression steps then 400 KL steps, where the command line gives none (stopped after one)
+"$bin/train" -m "$tmp/large.bin" -z data/tokenizer.bin -d "$tmp/doc.txt" -o "$tmp/large.nectar" --n-prompts 6 \
+    --prompt-len 12 --checkpoint "$tmp/large.ckpt" --stop-after 1 > /dev/null 2> "$tmp/log" || cat "$tmp/log"
+tr '\r' '\n' < "$tmp/log" | grep -q '^step 1/2400 .* + the KL stage' && ok "the large plain recipe's two stages: 2000 + 400 steps" \
+    || fail "the large plain recipe's steps: $(tr '\r' '\n' < "$tmp/log" | grep -m 1 '^step')"
 same=1
 for text in "the cat sat" "Hello, wörld! 123" "two
 lines" "€ 😀"; do
