@@ -32,14 +32,15 @@
 #   scripts/results.sh real-topk  SmolLM2 on Apache-2.0, train's defaults: the KL term's teacher as its top 32
 #                                 tokens (the default) and as the whole vocabulary (--kl-top-k 0), on the same
 #                                 prompts and evaluation-only tasks; about 2 hours
-#   scripts/results.sh real-coverage [DOC]  SmolLM2 on Apache-2.0 (or DOC, a name in
+#   scripts/results.sh real-coverage [DOC [3x]]  SmolLM2 on Apache-2.0 (or DOC, a name in
 #                                 /usr/share/common-licenses with a question set data/qa/DOC.qa), train's
-#                                 defaults (the teacher's top 32) on 20x and 3x the chat recipe's spans (3x its
-#                                 task requests: past them the tasks are repeats) and on the recipe's self-study
-#                                 (fixed KL steps; no evaluation-only tasks: the questions are the set the fits
-#                                 share), then 800 more KL steps from the largest fit on its self-study (read
-#                                 again): the table of scripts/qa_table.py; about 3.5 hours on 2 cores for
-#                                 Apache-2.0
+#                                 defaults (the teacher's top 32) on the recipe's self-study, on 3x its spans
+#                                 and task requests (past them the tasks are repeats) and on 20x its spans with
+#                                 3x its task requests (fixed KL steps; no evaluation-only tasks: the questions
+#                                 are the set the fits share), then 800 more KL steps from the largest fit on its
+#                                 self-study (read again): the table of scripts/qa_table.py; about 3.5 hours on
+#                                 2 cores for Apache-2.0. With 3x, the 20x fit is left out and the KL steps go
+#                                 on from the 3x fit (GPL-3: about 2 hours)
 #   scripts/results.sh real-compose  SmolLM2: Apache-2.0, then LGPL-3 (its modules fitted as a later document):
 #                                 the questions of both and each module file's held-out prompts against the
 #                                 true concatenation (--joined) and the documents prefilled apart
@@ -284,16 +285,22 @@ real-plain-losses)
         python3 scripts/qa_table.py "top 32=$tmp/top32.json" "whole vocabulary=$tmp/full.json"
         echo; fit_times top32 full ;;
     real-coverage)
-        doc=${2:-Apache-2.0}
+        doc=${2:-Apache-2.0} largest=${3:-20x}
         [ -f "data/qa/$doc.qa" ] || { echo "error: no question set data/qa/$doc.qa" >&2; exit 1; }
+        [ "$largest" = 20x ] || [ "$largest" = 3x ] ||
+            { echo "error: real-coverage goes to 20x or 3x, not $largest" >&2; exit 1; }
         qa=(--qa "data/qa/$doc.qa") path=/usr/share/common-licenses/$doc
-        fit large "$path" "${qa[@]}" --eval-tasks 0 --n-prompts 640 --tasks 192 --save-self-study "$tmp/large.ss"
-        fit middle "$path" "${qa[@]}" --eval-tasks 0 --n-prompts 96 --tasks 192
         fit recipe "$path" "${qa[@]}" --eval-tasks 0
+        fit 3x "$path" "${qa[@]}" --eval-tasks 0 --n-prompts 96 --tasks 192 --save-self-study "$tmp/3x.ss"
+        names=(recipe 3x)
+        if [ "$largest" = 20x ]; then
+            fit 20x "$path" "${qa[@]}" --eval-tasks 0 --n-prompts 640 --tasks 192 --save-self-study "$tmp/20x.ss"
+            names+=(20x)
+        fi
         # then 800 more KL steps going on from the largest fit (1200 in all), on the same self-study
-        fit large-kl1200 "$path" "${qa[@]}" --self-study "$tmp/large.ss" --init "$tmp/large.nectar" --loss kl \
-            --steps 800 --lr 3e-3
-        names=(recipe middle large large-kl1200) rows=()
+        fit "$largest-kl1200" "$path" "${qa[@]}" --self-study "$tmp/$largest.ss" --init "$tmp/$largest.nectar" \
+            --loss kl --steps 800 --lr 3e-3
+        names+=("$largest-kl1200") rows=()
         for name in "${names[@]}"; do
             rows+=("$name, $(top_number "$tmp/$name.json" train_positions) positions=$tmp/$name.json")
         done
