@@ -40,7 +40,7 @@
 #                                 are the set the fits share), then 800 more KL steps from the largest fit on its
 #                                 self-study (read again): the table of scripts/qa_table.py; about 3.5 hours on
 #                                 2 cores for Apache-2.0. With 3x, the 20x fit is left out and the KL steps go
-#                                 on from the 3x fit (GPL-3: about 2 hours)
+#                                 on from the 3x fit (GPL-3: 1.5 hours)
 #   scripts/results.sh real-compose  SmolLM2: Apache-2.0, then LGPL-3 (its modules fitted as a later document):
 #                                 the questions of both and each module file's held-out prompts against the
 #                                 true concatenation (--joined) and the documents prefilled apart
