@@ -66,9 +66,9 @@ demo: infer train
 # Nectar on a real model and a real document: SmolLM2-135M-Instruct (fetched
 # when missing) compiles the Apache-2.0 license text of this machine at rho
 # 10% with train's defaults, which for a chat model are its chat recipe:
-# chat self-study (32 spans, 64 tasks), quadrature modules fitted by
-# regression (2000 fast steps), then 400 pure-KL steps going on from them
-# (each a forward and backward of the 30 layers); 24 evaluation-only tasks
+# chat self-study (96 spans and continuations, 64 tasks), quadrature modules
+# fitted by regression (2000 fast steps), then 400 pure-KL steps going on from
+# them (each a forward and backward of the 30 layers); 24 evaluation-only tasks
 # (scripts/results.sh real-qa measures the default, 100, which take longer) and
 # the 60 questions of data/qa/Apache-2.0.qa scored at the end. Then the
 # held-out tasks' exact, Nectar and no-document answers and the storage line.

@@ -34,9 +34,10 @@
 #                                 prompts and evaluation-only tasks; about 2 hours
 #   scripts/results.sh real-coverage [DOC [3x]]  SmolLM2 on Apache-2.0 (or DOC, a name in
 #                                 /usr/share/common-licenses with a question set data/qa/DOC.qa), train's
-#                                 defaults (the teacher's top 32) on the recipe's self-study, on 3x its spans
-#                                 and task requests (past them the tasks are repeats) and on 20x its spans with
-#                                 3x its task requests (fixed KL steps; no evaluation-only tasks: the questions
+#                                 defaults (the teacher's top 32) on 32 spans and 64 task requests (1x: the
+#                                 chat recipe's self-study when this was measured), on 3x the spans and task
+#                                 requests (past them the tasks are repeats) and on 20x the spans with 3x the
+#                                 task requests (fixed KL steps; no evaluation-only tasks: the questions
 #                                 are the set the fits share), then 800 more KL steps from the largest fit on its
 #                                 self-study (read again): the table of scripts/qa_table.py; about 3.5 hours on
 #                                 2 cores for Apache-2.0. With 3x, the 20x fit is left out and the KL steps go
@@ -290,9 +291,10 @@ real-plain-losses)
         [ "$largest" = 20x ] || [ "$largest" = 3x ] ||
             { echo "error: real-coverage goes to 20x or 3x, not $largest" >&2; exit 1; }
         qa=(--qa "data/qa/$doc.qa") path=/usr/share/common-licenses/$doc
-        fit recipe "$path" "${qa[@]}" --eval-tasks 0
+        # 1x: 32 spans and 64 task requests, the chat recipe's self-study when these curves were measured
+        fit 1x "$path" "${qa[@]}" --eval-tasks 0 --n-prompts 32
         fit 3x "$path" "${qa[@]}" --eval-tasks 0 --n-prompts 96 --tasks 192 --save-self-study "$tmp/3x.ss"
-        names=(recipe 3x)
+        names=(1x 3x)
         if [ "$largest" = 20x ]; then
             fit 20x "$path" "${qa[@]}" --eval-tasks 0 --n-prompts 640 --tasks 192 --save-self-study "$tmp/20x.ss"
             names+=(20x)
