@@ -194,7 +194,8 @@ real-plain-losses)
     MODEL=(-m models/SmolLM2-135M-Instruct.Q4_1.gguf)
     [ -f "${MODEL[1]}" ] || { echo "error: ${MODEL[1]} is missing: make smollm2 first" >&2; exit 1; }
     # train's chat recipe (demo-real's) without its KL stage and with MLP modules: its regression fit, 2000
-    # steps on 32 spans and 64 tasks; later options (--arch, --rho, --loss, --steps, --kl-steps) override these
+    # steps on 96 spans and 64 tasks (32 spans before c1fba81, in the tables of docs/results.md made before);
+    # later options (--arch, --rho, --loss, --steps, --kl-steps) override these
     flags="--arch mlp --kl-steps 0"
     apache=/usr/share/common-licenses/Apache-2.0 gpl3=/usr/share/common-licenses/GPL-3
     # shellcheck disable=SC2086
