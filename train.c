@@ -85,11 +85,12 @@ typedef struct {
  * vocabulary's logits would take 196 KB a position). Read as a chat, it fits
  * quadrature modules on a smaller self-study (96 spans and continuations, 64
  * chat tasks: three times the spans it had, the step measured that keeps
- * demo-real within 30 minutes, took held-out KL from 0.21x to 0.16x): 27
- * minutes on 2 cores for SmolLM2-135M and Apache-2.0. Read as plain text, it
- * writes none of the tasks the plain self-study asks for (their formats are
- * the default model's), so its self-study is 200 spans and continuations,
- * and MLP modules (docs/results.md, the four losses on SmolLM2 read as plain
+ * demo-real within 30 minutes; they took held-out KL from 0.21x to 0.16x and
+ * were level on tasks neither fit saw): 27 minutes on 2 cores for
+ * SmolLM2-135M and Apache-2.0. Read as plain text, it writes none of the
+ * tasks the plain self-study asks for (their formats are the default
+ * model's), so its self-study is 200 spans and continuations, and MLP
+ * modules (docs/results.md, the four losses on SmolLM2 read as plain
  * text: a third of pure KL's KL in half its time). A model is a real LLM here
  * from LARGE_MODEL_PARAMS parameters: the geometric middle of the two models
  * the plain recipes were measured on (the default model's 0.8M, SmolLM2's
