@@ -36,12 +36,12 @@ SAN_FLAGS := -O1 -g -pthread -fopenmp-simd -fno-trapping-math -fsanitize=address
 
 .DEFAULT_GOAL := all
 PROGRAMS := infer train pretrain benchmark
-TESTS    := tests/test_core tests/standalone tests/test_qa tests/test_corpus tests/random_model tests/test_gguf tests/test_bpe \
+TESTS    := tests/test_core tests/test_qa tests/test_corpus tests/random_model tests/test_gguf tests/test_bpe \
             tests/mutants
 
 SMOLLM2 := models/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: all gpu test test-unit test-bad-input test-train test-cuda test-cuda-emu test-asan test-real clean check-blas info demo demo-real real-doc model bench bench-gpu smollm2
+.PHONY: all gpu check test test-examples test-unit test-bad-input test-train test-cuda test-cuda-emu test-asan test-real clean check-blas info demo demo-real real-doc model bench bench-gpu smollm2
 
 # demo, demo-real, bench and bench-gpu run with OpenBLAS's fast kernels where
 # it would run its generic ones on a CPU newer than it (an OPENBLAS_CORETYPE=...
@@ -121,20 +121,20 @@ check-blas:
 	@test -n "$(BLAS_LIBS)" || { echo "error: $(BLAS_HINT)" >&2; exit 1; }
 
 # The sources of each program: its own, then the core (the method,
-# nectar.c, and the three files of src/ it runs on: what a project copies
-# to use it, tests/standalone.c builds with nothing else) and what the
+# nectar.c; compiling a document, src/compile.c; module files,
+# src/modfile.c; and the three files of src/ they run on: what a project
+# copies to use it, the examples build with nothing else) and what the
 # programs share (the rest of src/). test_core and test_cuda_ref include
 # nectar.c itself, to reach its static helpers.
-CORE_SRC := nectar.c src/kernels.c src/parallel.c src/util.c
+CORE_SRC := nectar.c src/compile.c src/modfile.c src/kernels.c src/parallel.c src/util.c
 LIB_SRC  := $(CORE_SRC) src/eval.c src/qa.c src/formats.c src/gguf.c src/tokenizer.c src/tokenizer_bpe.c src/cli.c
-HEADERS  := nectar.h $(wildcard src/*.h) tools/corpus.h tests/check.h tests/gguf_walk.h src/tokenizer_bpe.c
+HEADERS  := nectar.h $(wildcard src/*.h) tools/corpus.h examples/check.h tests/gguf_walk.h src/tokenizer_bpe.c
 SRC_infer        := infer.c $(LIB_SRC)
 SRC_train        := train.c src/selfstudy.c $(LIB_SRC)
 SRC_benchmark    := tools/bench.c $(LIB_SRC)
 SRC_pretrain     := tools/pretrain.c tools/corpus.c $(LIB_SRC)
 SRC_test_core    := tests/test_core.c $(filter-out nectar.c,$(LIB_SRC))
 tests/test_core build-asan/test_core: nectar.c  # included by tests/test_core.c
-SRC_standalone   := tests/standalone.c $(CORE_SRC)
 SRC_test_qa      := tests/test_qa.c $(LIB_SRC)
 SRC_test_corpus  := tests/test_corpus.c tools/corpus.c $(LIB_SRC)
 SRC_random_model := tests/random_model.c $(LIB_SRC)
@@ -152,7 +152,10 @@ $(TESTS) tests/test_real: tests/%: $$(SRC_%) $(HEADERS) | check-blas
 
 # The same programs (and the unit tests) under AddressSanitizer and
 # UndefinedBehaviorSanitizer.
-ASAN_BUILDS := $(addprefix build-asan/,$(PROGRAMS) test_core standalone test_qa test_gguf test_bpe)
+ASAN_BUILDS := $(addprefix build-asan/,$(PROGRAMS) test_core test_qa test_gguf test_bpe) \
+               build-asan/identities build-asan/compile
+SRC_identities := examples/identities.c $(CORE_SRC)
+SRC_compile    := examples/compile.c $(CORE_SRC)
 $(ASAN_BUILDS): build-asan/%: $$(SRC_%) $(HEADERS) | check-blas
 	@mkdir -p build-asan
 	$(CC) $(SAN_FLAGS) -std=c11 -D_GNU_SOURCE $(BLAS_CFLAGS) $(FLAGS_$*) -o $@ $(SRC_$*) $(BLAS_LIBS) $(LDLIBS)
@@ -179,7 +182,7 @@ GPU_OBJ_benchmark := build-gpu/tools/bench.o
 $(GPU_PROGRAMS): build-gpu/%: $$(GPU_OBJ_%) $(GPU_LIB) nectar_cuda.o
 	$(CC) -o $@ $^ $(BLAS_LIBS) $(GPU_LIBS) $(LDLIBS)
 
-tests/test_cuda: tests/test_cuda.cu tests/check.h tests/test_cuda_ref.c nectar_cuda.o $(LIB_SRC) nectar.h | check-blas
+tests/test_cuda: tests/test_cuda.cu examples/check.h tests/test_cuda_ref.c nectar_cuda.o $(LIB_SRC) nectar.h | check-blas
 	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -c tests/test_cuda_ref.c -o tests/test_cuda_ref.o
 	$(NVCC) $(NVCC_FLAGS) $(GPU_ARCH) -c tests/test_cuda.cu -o tests/test_cuda.o
 	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -o $@ tests/test_cuda.o nectar_cuda.o tests/test_cuda_ref.o \
@@ -224,7 +227,7 @@ $(EMU)/cuda_emu.o: $(EMU_SRC) | check-blas
 	@mkdir -p $(EMU)
 	$(EMU_CXX) -c tests/cuda_emu/cuda_emu.cpp -o $@
 
-$(EMU)/test_cuda: tests/test_cuda.cu tests/check.h tests/test_cuda_ref.c $(LIB_SRC) nectar.h $(EMU)/nectar_cuda.o $(EMU)/cuda_emu.o $(filter-out $(EMU)/nectar.o,$(EMU_LIB)) | check-blas
+$(EMU)/test_cuda: tests/test_cuda.cu examples/check.h tests/test_cuda_ref.c $(LIB_SRC) nectar.h $(EMU)/nectar_cuda.o $(EMU)/cuda_emu.o $(filter-out $(EMU)/nectar.o,$(EMU_LIB)) | check-blas
 	python3 tests/cuda_emu/cu2cpp.py tests/test_cuda.cu > $(EMU)/test_cuda.cpp
 	$(EMU_CXX) -c $(EMU)/test_cuda.cpp -o $(EMU)/test_cuda.o
 	$(CC) $(CFLAGS) $(BLAS_CFLAGS) -c tests/test_cuda_ref.c -o $(EMU)/test_cuda_ref.o
@@ -253,11 +256,20 @@ test-cuda-emu: $(EMU)/selftest $(EMU)/test_cuda $(EMU)/infer $(EMU)/train $(EMU)
 
 # `make test` stops at the first failing step; its last step fetches the
 # real model (once) for the tests that need it.
-test: test-unit test-bad-input test-train test-cuda test-asan test-real
+test: test-unit test-examples test-bad-input test-train test-cuda test-asan test-real
+
+# The quick check of the core: its identities and unit tests, and the
+# examples built from README's file list alone (under a minute on 2 cores).
+check: tests/test_core test-examples
+	./tests/test_core
+
+# examples/ built and run from README's list of the core's files, in an
+# empty folder, with README's command; README's quoted lines checked.
+test-examples: check-blas
+	bash tests/test_examples.sh
 
 test-unit: $(TESTS)
 	./tests/test_core
-	./tests/standalone
 	./tests/test_qa
 	./tests/test_gguf
 	./tests/test_bpe tests/data
@@ -272,7 +284,9 @@ test-bad-input: $(PROGRAMS) tests/random_model tests/mutants
 
 test-asan: $(ASAN_BUILDS) tests/random_model tests/mutants
 	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_core > /dev/null
-	ASAN_OPTIONS=detect_leaks=1 ./build-asan/standalone > /dev/null
+	ASAN_OPTIONS=detect_leaks=1 ./build-asan/identities > /dev/null
+	ASAN_OPTIONS=detect_leaks=1 ./build-asan/compile build-asan/compile.nectar > build-asan/compile.log 2>&1 || \
+		{ cat build-asan/compile.log; exit 1; }
 	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_qa > /dev/null
 	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_gguf > /dev/null
 	ASAN_OPTIONS=detect_leaks=1 ./build-asan/test_bpe tests/data > /dev/null

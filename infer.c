@@ -661,14 +661,13 @@ static void runner_alloc(Runner *r, int gpu, const Model *m, const Document *doc
 /* forward with LOGITS_LAST; *logits: the last row's logits, on the host. */
 static int runner_forward(Runner *r, const Model *m, const Document *doc, const int *tokens, int ntok, int pos,
                           const float **logits) {
-    int V = m->config.vocab_size;
 #ifdef NECTAR_CUDA
     if (r->gpu) {
-        *logits = r->dev.logits + (size_t)(ntok - 1) * V;
+        *logits = r->dev.logits;
         return forward_cuda(m, &r->dev, doc, tokens, ntok, pos, LOGITS_LAST);
     }
 #endif
-    *logits = r->cpu.logits + (size_t)(ntok - 1) * V;
+    *logits = r->cpu.logits;
     return forward(m, &r->cpu, doc, tokens, ntok, pos, LOGITS_LAST);
 }
 

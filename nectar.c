@@ -1292,8 +1292,9 @@ int forward(const Model *m, RunState *s, const Document *doc, const int *tokens,
     s->block_pos = pos;
     s->block_ntok = ntok;
     run_layers(m, s, doc, &one, 1, ntok);
+    int last = ntok - 1;
     if (logits == LOGITS_ALL) block_logits(m, s, NULL, ntok, 0);
-    if (logits == LOGITS_LAST) block_logits(m, s, NULL, 1, ntok - 1);
+    if (logits == LOGITS_LAST) block_logits(m, s, &last, 1, 0);  /* into row 0, as forward_segments' */
     return 0;
 }
 

@@ -14,13 +14,28 @@
  *   B  tokens in one forward block            N  queries in a module batch
  *   w  MLP module width       p  quadrature pairs
  *
- * The core is this header, nectar.c and the three files of src/ it runs on:
- * kernels (exp_fast and the matrix products), parallel (the thread pool) and
- * util (memory, time, random numbers). It calls nothing else: file formats,
- * tokenizers, evaluation and the command line sit above it in src/.
+ * The core is this header, nectar.c (the method: sections 1-5 below),
+ * src/compile.c (section 6: compiling a document: its modules sized by a
+ * budget, the teacher pass, the fit), src/modfile.c (section 7: module
+ * files) and the three files of src/ they run on: kernels (exp_fast and the
+ * matrix products), parallel (the thread pool) and util (memory, time,
+ * random numbers, whole files). It calls nothing else: model files,
+ * tokenizers, self-study prompts, evaluation and the command line sit
+ * above it in src/.
  *
- * Conventions: fp32; natural log; errors print one sentence on stderr and
- * return -1 (or NULL).
+ * A compiled document's life, each step one call (examples/compile.c runs
+ * them all):
+ *   doccache_build                 the document's KV cache (its prefill)
+ *   moduleset_for_budget           modules sized by the budget rho
+ *   teacher_alloc, teacher_pass    the full cache's targets over prompts
+ *   moduleset_init                 the modules' starting point
+ *   fit_begin, fit_steps, fit_end  the fit (regression, KL, or both)
+ *   moduleset_save, moduleset_load the module file
+ *   forward (DOC_NECTAR)           generation with the modules
+ *
+ * Conventions: fp32; natural log; nothing prints but errors, which print
+ * one sentence on stderr and return -1 (or NULL); progress goes through a
+ * callback.
  */
 #ifndef NECTAR_H
 #define NECTAR_H
@@ -438,6 +453,11 @@ typedef enum { BUFFERS_FORWARD, BUFFERS_TAPS, BUFFERS_BACKWARD } BufferGroup;
 typedef struct { float **buf; size_t floats; } RunBuffer;
 enum { MAX_RUN_BUFFERS = 32 };
 int  runstate_buffers(RunState *s, const Config *c, BufferGroup group, RunBuffer table[MAX_RUN_BUFFERS]);
+/* A run state is sized for the document(s) doc it will serve: an exact one
+ * for caches up to its cache's length, a Nectar one for modules up to its
+ * modules' sizes; no document needs nothing. Comparing an exact and a
+ * Nectar document takes a run state for each (forward refuses a document
+ * its run state was not sized for, with a sentence). */
 void runstate_alloc(RunState *s, const Model *m, const Document *doc, int max_block, int capacity);
 /* The same for n_seqs sequences at once (forward_segments), each with a
  * local cache of `capacity` tokens; runstate_alloc is one sequence. */
@@ -448,9 +468,12 @@ void runstate_enable_taps(RunState *s, const Model *m);
 /* Allocates what backward needs (freed with the run state). */
 void runstate_enable_backward(RunState *s, const Model *m);
 
+/* Where logits land, for forward and forward_segments alike: LOGITS_ALL,
+ * row r of the block in row r of s->logits (B, V); LOGITS_LAST, the last
+ * row of segment k in row k (forward is one segment: its last token's
+ * logits are row 0, s->logits itself); LOGITS_NONE, none. */
 /* Runs tokens (ntok <= B) at local positions [pos, pos + ntok), writing their
- * keys/values into the local cache. Logits (LOGITS_*) of every row, of the
- * last row only (row ntok - 1 of s->logits), or none. Returns 0, or -1 with a
+ * keys/values into the local cache, and their logits (LOGITS_*, above). Returns 0, or -1 with a
  * sentence (ids out of range, block or capacity exceeded). The model's
  * context is not enforced here (benchmarks run past it); programs check it. */
 enum { LOGITS_NONE = 0, LOGITS_LAST = 1, LOGITS_ALL = 2 };
@@ -466,9 +489,8 @@ typedef struct { const int *tokens; int ntok, seq, pos; } Segment;
 /* forward over several sequences at once, all after the same document: the
  * segments' tokens, one after another (at most B rows in all), go through
  * every weight matrix as one product, and each row attends to the document
- * and to its own sequence's local tokens. Logits of every row (LOGITS_ALL,
- * in block order), of each segment's last row (LOGITS_LAST: segment k's in
- * row k of s->logits), or none. 0, or -1 with a sentence. */
+ * and to its own sequence's local tokens. Logits as forward's: every row
+ * in block order, or segment k's last row in row k. 0, or -1 with a sentence. */
 int forward_segments(const Model *m, RunState *s, const Document *doc, const Segment *seg, int n_segs, int logits);
 
 /* Prefill of the document: builds its KV cache in blocks of `block`. */
@@ -486,5 +508,178 @@ uint64_t document_fingerprint(const int *tokens, int n);
  * Model.params). The model itself stays frozen. */
 int backward(const Model *m, RunState *s, const Document *doc, const int *tokens, int ntok,
              const float *dlogits, Weights *dw);
+
+/* ------------------------------------------------------------------------ */
+/* 6. Compiling a document (src/compile.c)                                  */
+
+/* The modules of a document within the budget: rho * 2 n d parameters per
+ * (layer, KV head), times the layer's multiplier (layer_mult (L), averaging
+ * 1; NULL: 1 everywhere). Sets every field the forward and the module file
+ * need (n_doc, rho, both fingerprints, and `model`'s and `cache`'s shape),
+ * with gradients when with_grads. 0, or -1 with a sentence when a layer gets
+ * no room (or, for quadrature, more pairs than the document has). */
+int moduleset_for_budget(ModuleSet *ms, const Model *m, const DocCache *cache, ModuleArch arch, float rho,
+                         int Db, int Ds, int Dt, const float *layer_mult, int with_grads);
+
+/* What the full-cache model (the teacher) records over the training
+ * prompts: per layer P positions, each with H query heads, and the KL
+ * term's teacher. */
+typedef struct {
+    FitTargets fit; /* P, and q, A(q), alpha(q) at the P positions */
+    float *logits;  /* (P, V) the teacher's logits, for the KL term (or NULL) */
+    int top_k;      /* > 0: instead, the teacher's top k at each position (top_k_logprobs): */
+    int *top_ids;   /* (P, top_k) their token ids */
+    float *top_logp, *top_rest; /* (P, top_k) their log-probabilities; (P) the log of the rest's mass */
+    int n_train;    /* training prompts */
+    int *prompt;    /* (n_train) their index in the prompt set */
+    long *start;    /* (n_train) the position of their first token in P */
+} TeacherData;
+
+/* Room for the targets of the prompts with is_train[i] (td->prompt,
+ * td->start set), and, when want_logits, for the KL term's teacher: its top
+ * top_k (> 0), or all its logits when they take at most logits_budget bytes
+ * (else the fit recomputes them). Returns the bytes allocated. */
+size_t teacher_alloc(TeacherData *td, const Config *c, const PromptSet *p, const unsigned char *is_train,
+                     int want_logits, int top_k, size_t logits_budget);
+/* Progress of a long step: `done` of `total` (prompts, steps). */
+typedef void (*ProgressFn)(const char *what, long done, long total, void *user);
+/* The teacher pass: the model runs every prompt of p after doc (exact),
+ * several prompts a forward, recording the training prompts' targets into
+ * td (teacher_alloc'd); every prompt's embedding, the mean of its final
+ * normalised hidden states, goes into embed (n_prompts, D) when not NULL.
+ * progress (or NULL) after each forward. 0, or -1 with a sentence. */
+int  teacher_pass(const Model *m, const Document *doc, const PromptSet *p, const unsigned char *is_train,
+                  TeacherData *td, float *embed, ProgressFn progress, void *user);
+void teacherdata_free(TeacherData *td);
+
+/* The modules' starting point. MLP: input scale 1 / rms(q) and output
+ * biases at the training means of alpha and A, per (layer, KV head), from
+ * the teacher's targets; hidden weights drawn from `seed` (mlp_init).
+ * Quadrature: the first p pairs of the document's KV cache. */
+void moduleset_init(ModuleSet *ms, const FitTargets *targets, const DocCache *cache, const Config *c,
+                    uint64_t seed);
+
+/* The fit's settings. Stage 1 minimises
+ *   L = lambda_alpha L_alpha / var_alpha + lambda_A L_A / var_A + lambda_kl KL(teacher || Nectar)
+ * for `steps` steps at peak rate lr (var_*: the targets' variances, the
+ * loss of modules that predict their means); stage 2, when kl_steps > 0,
+ * pure KL from stage 1's modules, with fresh AdamW moments and its own
+ * schedule at peak rate kl_lr. Each stage: linear warmup over
+ * warmup_fraction of its steps, then cosine decay to 0; global gradient
+ * clipping at 1.0; AdamW with weight_decay. A step draws `batch` positions
+ * (the regression) and kl_prompts training prompts (the KL term) from a
+ * generator seeded by (seed, its step within the stage). */
+typedef struct {
+    int steps, kl_steps, batch, kl_prompts;
+    float lr, kl_lr, weight_decay, warmup_fraction;
+    float lambda_alpha, lambda_A, lambda_kl;
+    unsigned long long seed;
+} FitOptions;
+/* 1 when the fit has a KL term (the teacher's logits are needed). */
+int fit_uses_kl(const FitOptions *o);
+
+/* A stage: the fit's steps [first, first + steps), its peak rate and its
+ * loss weights (the regression ones divided by their normalisers). */
+typedef struct {
+    int first, steps;
+    float lr;
+    float weight_alpha, weight_A, lambda_kl;
+} Stage;
+/* lr(t) at the stage's step t (from 0): linear warmup over warmup_fraction
+ * of its steps to the peak, then cosine decay to 0. */
+float learning_rate(const Stage *s, float warmup_fraction, int t);
+
+/* The teacher at one prompt's positions: its logits (len, V), or its top k
+ * (k > 0: ids and logp (len, k), rest (len)). */
+typedef struct {
+    const float *logits;
+    int k;
+    const int *ids;
+    const float *logp, *rest;
+} TeacherRows;
+/* One prompt's KL term, weight KL(teacher || student): returns the KL and
+ * leaves its gradient with respect to the student's logits, times the
+ * weight, in dlogits (len, V). */
+double kl_term(const TeacherRows *teacher, const float *student_logits, int len, int V, float weight,
+               float *dlogits);
+
+/* A fit in progress: the modules and their AdamW moments, the teacher's
+ * data, and the device's buffers (fit_backend_cpu's here; the GPU's,
+ * nectar_cuda.cu's fit_backend_cuda, keep device copies, synchronised with
+ * the host by fit_sync). */
+typedef struct Fit Fit;
+typedef struct {
+    void   (*start)(Fit *f);
+    double (*regression)(Fit *f, const long *pos);  /* zeroes the gradients, adds the regression's */
+    double (*kl)(Fit *f, const int *tokens, int len, const TeacherRows *teacher, float weight);  /* adds */
+    double (*update)(Fit *f, float lr, int t);       /* clipping, AdamW step t of the stage (from 1) */
+    void   (*download)(Fit *f);                      /* parameters and moments to the host */
+    void   (*finish)(Fit *f);
+} FitBackend;
+const FitBackend *fit_backend_cpu(void);
+
+struct Fit {
+    FitOptions o;
+    const FitBackend *backend;
+    const Model *model;
+    ModuleSet *ms;
+    const TeacherData *td;
+    const PromptSet *prompts;  /* the prompts td indexes */
+    const Document *doc;       /* the exact document: the KL term's teacher, where td keeps no logits */
+    RunState teacher;          /* its run state then */
+    Stage stages[2];
+    const Stage *stage;        /* the stage of the step being taken */
+    int step;                  /* the steps done, through both stages */
+    float *adam_m, *adam_v;    /* (n_params) AdamW moments */
+    long *pos;                 /* (batch) the step's positions in the targets */
+    float *dlogits;            /* (max_len, V) the KL term's gradient, or NULL without one */
+    ModuleWork work;           /* the CPU's: a module's batch of queries */
+    FitBatch batch;
+    Document student_doc;      /* the KL term's student: the Nectar model, teacher-forced */
+    RunState student;
+    void *device;              /* the GPU backend's state */
+    double diverged_loss, diverged_norm;  /* set when fit_steps returns FIT_DIVERGED */
+};
+
+/* What a step reports to the progress callback. */
+typedef struct {
+    int step, last_step;  /* the step just taken (from 1), the last of this fit_steps */
+    int stage;            /* 0, or 1: the KL stage */
+    double loss, grad_norm;
+    float lr;
+} FitStatus;
+/* Called after every step; it may fit_sync and save a checkpoint. Returns
+ * 0 to go on, or -1 (after a sentence) to stop the fit. */
+typedef int (*FitProgressFn)(Fit *f, const FitStatus *st, void *user);
+enum { FIT_DIVERGED = -2 };
+
+/* Sets up a fit of ms (moduleset_for_budget'd with gradients, and
+ * initialised) on td's targets over `prompts`, doc the exact document,
+ * on `backend` (NULL: the CPU). */
+void fit_begin(Fit *f, const Model *m, ModuleSet *ms, const TeacherData *td, const PromptSet *prompts,
+               const Document *doc, const FitOptions *o, const FitBackend *backend);
+/* Runs the fit's steps from f->step up to last_step (at most
+ * o.steps + o.kl_steps), on the backend's device from start to finish
+ * (the modules on the host after it). The batches depend only on (seed, the stage's
+ * step), so a fit stopped and continued (f->step and the moments restored)
+ * draws the same ones. 0; FIT_DIVERGED when the loss or the gradient norm
+ * stops being finite (f->diverged_*); -1 after a sentence. */
+int  fit_steps(Fit *f, int last_step, FitProgressFn progress, void *user);
+/* The modules and moments on the host, in a progress callback (for a
+ * checkpoint). */
+void fit_sync(Fit *f);
+/* Frees the fit's buffers; the modules stay in ms. */
+void fit_end(Fit *f);
+
+/* ------------------------------------------------------------------------ */
+/* 7. Module files (src/modfile.c)                                          */
+
+/* A fixed header (the shape, budget, depths and both fingerprints), the
+ * module table, the parameters, the held-out prompts, and a checksum of
+ * every byte before it; written atomically. load refuses a file fitted to
+ * another model or document (fingerprints given; 0 skips that check), a
+ * file whose checksum or sizes do not match, with a sentence. */
+int  moduleset_save(const ModuleSet *s, const char *path);
+int  moduleset_load(ModuleSet *s, const char *path, uint64_t model_fp, uint64_t doc_fp);
 
 #endif

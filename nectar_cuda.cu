@@ -1064,12 +1064,12 @@ int forward_cuda(const Model *m, RunStateCuda *rs, const Document *doc, const in
     if (s->back.saved_x) CUDA_CHECK(cudaMemcpy(s->back.saved_x + c->n_layers * layer_rows, s->x,
                                                (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
     if (logits == LOGITS_NONE) return 0;
+    /* rows [first, ntok); LOGITS_LAST's one row lands in row 0, as on the CPU */
     int first = logits == LOGITS_ALL ? 0 : ntok - 1, rows = ntok - first;
-    rmsnorm_cuda(s->xb + (size_t)first * D, s->x + (size_t)first * D, m->w.rms_final, rows, D, c->norm_eps);
+    rmsnorm_cuda(s->xb, s->x + (size_t)first * D, m->w.rms_final, rows, D, c->norm_eps);
     /* logits (rows, V) = xb Wcls^T */
-    matmul_cuda(rows, D, V, s->xb + (size_t)first * D, m->w.wcls, 0.0f, s->logits + (size_t)first * V);
-    CUDA_CHECK(cudaMemcpy(rs->logits + (size_t)first * V, s->logits + (size_t)first * V, (size_t)rows * V * sizeof(float),
-                          cudaMemcpyDeviceToHost));
+    matmul_cuda(rows, D, V, s->xb, m->w.wcls, 0.0f, s->logits);
+    CUDA_CHECK(cudaMemcpy(rs->logits, s->logits, (size_t)rows * V * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
 }
 
@@ -1330,3 +1330,96 @@ int doccache_build_cuda(DocCache *dev, const Model *m, const int *tokens, int n,
     runstate_free_cuda(&s);
     return 0;
 }
+
+/* ------------------------------------------------------------------------ */
+/* The fit on the GPU: compile.c's loop, this device's backend               */
+
+/* Device copies of the modules (with gradients), of their AdamW moments,
+ * of the targets and of the model, a batch, and the student of the KL term
+ * (the Nectar model on the device modules). */
+typedef struct {
+    ModuleSet ms;
+    float *m, *v;        /* (n_params) */
+    FitTargets targets;
+    ModuleWork work;
+    FitBatch batch;
+    Model model;
+    Document student_doc;
+    RunStateCuda student;
+} GpuFit;
+
+static void gpu_start(Fit *f) {
+    GpuFit *g = (GpuFit *)xmalloc(sizeof(GpuFit));
+    f->device = g;
+    const Config *c = &f->model->config;
+    int B = f->o.batch, max_len = promptset_max_len(f->prompts);
+    size_t bytes = f->ms->n_params * sizeof(float);
+    moduleset_upload_cuda(&g->ms, f->ms, 1);
+    g->m = (float *)cuda_xmalloc(bytes);
+    g->v = (float *)cuda_xmalloc(bytes);
+    CUDA_CHECK(cudaMemcpy(g->m, f->adam_m, bytes, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(g->v, f->adam_v, bytes, cudaMemcpyHostToDevice));
+    fittargets_upload_cuda(&g->targets, &f->td->fit, c->n_layers, c->dim, c->n_heads);
+    modulework_alloc_cuda(&g->work, f->ms, B * c->n_heads);  /* a layer's G modules, B H / G queries each */
+    fitbatch_alloc_cuda(&g->batch, f->ms, c->n_heads, B);
+    model_upload_cuda(&g->model, f->model);
+    Document student = {DOC_NECTAR, f->ms->n_doc, NULL, &g->ms, NULL};
+    g->student_doc = student;
+    if (fit_uses_kl(&f->o)) {
+        runstate_alloc_cuda(&g->student, &g->model, &g->student_doc, max_len, max_len);
+        runstate_enable_backward_cuda(&g->student, &g->model);
+    }
+}
+
+static double gpu_regression(Fit *f, const long *pos) {
+    GpuFit *g = (GpuFit *)f->device;
+    CUDA_CHECK(cudaMemset(g->ms.grads, 0, g->ms.n_params * sizeof(float)));
+    if (f->stage->weight_alpha + f->stage->weight_A == 0) return 0;
+    memcpy(g->batch.pos, pos, g->batch.B * sizeof(long));
+    return regression_grads_cuda(&g->ms, &g->work, &g->batch, &g->targets, f->model->config.n_heads,
+                                 f->stage->weight_alpha, f->stage->weight_A);
+}
+
+static double gpu_kl(Fit *f, const int *tokens, int len, const TeacherRows *teacher, float weight) {
+    GpuFit *g = (GpuFit *)f->device;
+    forward_cuda(&g->model, &g->student, &g->student_doc, tokens, len, 0, LOGITS_ALL);
+    double kl = kl_term(teacher, g->student.logits, len, g->model.config.vocab_size, weight, f->dlogits);
+    backward_cuda(&g->model, &g->student, &g->student_doc, len, f->dlogits);
+    return kl;
+}
+
+static double gpu_update(Fit *f, float lr, int t) {
+    GpuFit *g = (GpuFit *)f->device;
+    double norm = clip_grad_norm_cuda(g->ms.grads, g->ms.n_params, 1.0);
+    if (t == 1) {
+        CUDA_CHECK(cudaMemset(g->m, 0, g->ms.n_params * sizeof(float)));
+        CUDA_CHECK(cudaMemset(g->v, 0, g->ms.n_params * sizeof(float)));
+    }
+    adamw_update_cuda(g->ms.params, g->ms.grads, g->m, g->v, g->ms.n_params, t, lr, f->o.weight_decay, ADAM_BETA2);
+    return norm;
+}
+
+static void gpu_download(Fit *f) {
+    GpuFit *g = (GpuFit *)f->device;
+    size_t bytes = f->ms->n_params * sizeof(float);
+    moduleset_download_cuda(f->ms, &g->ms);
+    CUDA_CHECK(cudaMemcpy(f->adam_m, g->m, bytes, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(f->adam_v, g->v, bytes, cudaMemcpyDeviceToHost));
+}
+
+static void gpu_finish(Fit *f) {
+    GpuFit *g = (GpuFit *)f->device;
+    gpu_download(f);
+    CUDA_CHECK(cudaFree(g->m)); CUDA_CHECK(cudaFree(g->v));
+    if (fit_uses_kl(&f->o)) runstate_free_cuda(&g->student);
+    model_free_cuda(&g->model);
+    fitbatch_free_cuda(&g->batch);
+    modulework_free_cuda(&g->work);
+    fittargets_free_cuda(&g->targets);
+    moduleset_free_cuda(&g->ms);
+    free(g);
+    f->device = NULL;
+}
+
+static const FitBackend GPU_FIT = {gpu_start, gpu_regression, gpu_kl, gpu_update, gpu_download, gpu_finish};
+const FitBackend *fit_backend_cuda(void) { return &GPU_FIT; }

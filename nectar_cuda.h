@@ -184,6 +184,14 @@ void runstate_enable_backward_cuda(RunStateCuda *s, const Model *m);
  * model's own gradients are not computed on the GPU. */
 int backward_cuda(const Model *m, RunStateCuda *s, const Document *doc, int ntok, const float *dlogits);
 
+/* ------------------------------------------------------------------------ */
+/* The fit on the GPU                                                       */
+
+/* fit_begin's backend for the GPU (after nectar_cuda_init): the same loop
+ * as on the CPU, its steps' regression, KL term, clipping and AdamW on the
+ * device. */
+const FitBackend *fit_backend_cuda(void);
+
 #ifdef __cplusplus
 }
 #endif

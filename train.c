@@ -645,120 +645,26 @@ static void add_far_prompts(const Options *o, const Inputs *in, PromptSet *all, 
 /* ------------------------------------------------------------------------ */
 /* Teacher pass                                                             */
 
-/* What the full-cache model records over the training prompts, per layer:
- * P positions, each with H query heads. */
-typedef struct {
-    FitTargets fit; /* P, and q, A(q), alpha(q) at the P positions */
-    float *logits; /* (P, V) the teacher's logits, for the KL term (or NULL) */
-    int top_k;     /* > 0: instead, the teacher's top k at each position (top_k_logprobs): */
-    int *top_ids;  /* (P, top_k) their token ids */
-    float *top_logp, *top_rest; /* (P, top_k) their log-probabilities; (P) the log of the rest's mass */
-    int n_train;   /* training prompts */
-    int *prompt;   /* (n_train) their index in the prompt set */
-    long *start;   /* (n_train) the position of their first token in P */
-} TeacherData;
-
-/* The training prompts' places in P (td->prompt, td->start), and room for
- * their targets, and when want_logits for the KL term's teacher: its top k
- * (td->top_k > 0), or its logits when they take at most logits_budget
- * bytes (else the KL term recomputes them). */
-static void teacher_alloc(const Config *c, const PromptSet *p, const unsigned char *is_train, int want_logits,
-                          size_t logits_budget, TeacherData *td) {
-    int L = c->n_layers, D = c->dim, H = c->n_heads;
-    FitTargets *f = &td->fit;
-    f->P = 0;
-    td->n_train = 0;
-    td->prompt = xmalloc(p->n_prompts * sizeof(int));
-    td->start = xmalloc(p->n_prompts * sizeof(long));
-    for (int i = 0; i < p->n_prompts; i++) {
-        if (!is_train[i]) continue;
-        td->prompt[td->n_train] = i;
-        td->start[td->n_train++] = f->P;
-        f->P += p->offsets[i + 1] - p->offsets[i];
-    }
-    size_t logit_bytes = td->top_k ? (size_t)f->P * (td->top_k * (sizeof(int) + sizeof(float)) + sizeof(float))
-                                   : (size_t)f->P * c->vocab_size * sizeof(float);
-    int keep_logits = want_logits && (td->top_k || logit_bytes <= logits_budget);
-    size_t bytes = (size_t)f->P * L * (2 * D * sizeof(uint16_t) + H * sizeof(float)) + (keep_logits ? logit_bytes : 0);
-    fprintf(stderr, "teacher pass: %d prompts, %ld training positions, %.1f MB of targets%s\n", p->n_prompts, f->P,
-            bytes / 1e6, want_logits && !keep_logits ? " (its logits, above --teacher-logits-mb, are recomputed "
-            "at each KL step)" : "");
-    f->q = xmalloc((size_t)L * f->P * D * sizeof(uint16_t));
-    f->A = xmalloc((size_t)L * f->P * D * sizeof(uint16_t));
-    f->alpha = xmalloc((size_t)L * f->P * H * sizeof(float));
-    if (keep_logits && td->top_k) {
-        td->top_ids = xmalloc((size_t)f->P * td->top_k * sizeof(int));
-        td->top_logp = xmalloc((size_t)f->P * td->top_k * sizeof(float));
-        td->top_rest = xmalloc((size_t)f->P * sizeof(float));
-    } else if (keep_logits) {
-        td->logits = xmalloc((size_t)f->P * c->vocab_size * sizeof(float));
-    }
+/* The teacher pass's progress line. */
+static void print_teacher_progress(const char *what, long done, long total, void *user) {
+    print_progress(what, (int)done, (int)total, *(const double *)user);
 }
 
-/* Prompt i's rows [row, row + len) of the last forward: its embedding (the
- * mean of its final normalised hidden states, s->xb), and for a training
- * prompt its targets at P position `at` (and logits). */
-static void teacher_record(const Config *c, const RunState *s, int row, int len, int i, int is_train, long at,
-                           TeacherData *td, float *embed) {
-    int L = c->n_layers, D = c->dim, H = c->n_heads, B = s->max_block, V = c->vocab_size;
-    FitTargets *f = &td->fit;
-    for (int k = 0; k < D; k++) {
-        double sum = 0;
-        for (int t = 0; t < len; t++) sum += s->xb[(size_t)(row + t) * D + k];
-        embed[(size_t)i * D + k] = (float)(sum / len);
-    }
-    if (!is_train) return;
-    for (int l = 0; l < L; l++) {
-        size_t tap = (size_t)l * B + row, target = (size_t)l * f->P + at;
-        for (size_t e = 0; e < (size_t)len * D; e++) {
-            f->q[target * D + e] = bf16_from_float(s->taps.q[tap * D + e]);
-            f->A[target * D + e] = bf16_from_float(s->taps.doc_A[tap * D + e]);
-        }
-        memcpy(f->alpha + target * H, s->taps.doc_lse + tap * H, (size_t)len * H * sizeof(float));
-    }
-    if (td->logits) memcpy(td->logits + (size_t)at * V, s->logits + (size_t)row * V, (size_t)len * V * sizeof(float));
-    for (long t = 0; td->top_ids && t < len; t++) {
-        size_t k = (size_t)td->top_k;
-        top_k_logprobs(s->logits + (size_t)(row + t) * V, V, td->top_k, td->top_ids + (at + t) * k,
-                       td->top_logp + (at + t) * k, td->top_rest + at + t);
-    }
-}
-
-/* Runs the full-cache model over every prompt, TEACHER_SEQS prompts a
- * forward (forward_segments: one matrix product per weight for all their
- * rows): train prompts (is_train[i]) are recorded into td; every prompt
- * gets an embedding (D). */
-enum { TEACHER_SEQS = 8, TEACHER_ROWS = 256 };
-static int teacher_pass(const Model *m, const Document *doc, const PromptSet *p, const unsigned char *is_train,
-                        int want_logits, size_t logits_budget, TeacherData *td, float *embed) {
-    const Config *c = &m->config;
-    int max_len = promptset_max_len(p), block = max_len > TEACHER_ROWS ? max_len : TEACHER_ROWS;
-    teacher_alloc(c, p, is_train, want_logits, logits_budget, td);
-    RunState s;
-    runstate_alloc_seqs(&s, m, doc, block, max_len, TEACHER_SEQS);
-    runstate_enable_taps(&s, m);
-    Segment seg[TEACHER_SEQS];
-    long at = 0;
-    int rc = 0;
+/* The teacher pass over every prompt (teacher_pass): the training prompts'
+ * targets into td, and for the KL term the teacher's top k or logits (kept
+ * up to logits_mb); every prompt's embedding (D). */
+static int run_teacher_pass(const Options *o, const Inputs *in, const PromptSet *p, const unsigned char *is_train,
+                            TeacherData *td, float *embed) {
+    const Config *c = &in->model.config;
+    int want_logits = uses_kl(o);
+    size_t budget = (size_t)o->teacher_logits_mb << 20;
+    size_t bytes = teacher_alloc(td, c, p, is_train, want_logits, o->kl_top_k, budget);
+    fprintf(stderr, "teacher pass: %d prompts, %ld training positions, %.1f MB of targets%s\n", p->n_prompts,
+            td->fit.P, bytes / 1e6, want_logits && !td->logits && !td->top_k ? " (its logits, above "
+            "--teacher-logits-mb, are recomputed at each KL step)" : "");
     double t0 = now_seconds();
-    for (int i = 0; i < p->n_prompts && rc == 0;) {
-        int n = 0, rows = 0;  /* the next prompts that fit one block */
-        for (; n < TEACHER_SEQS && i + n < p->n_prompts; n++) {
-            int len = p->offsets[i + n + 1] - p->offsets[i + n];
-            if (rows + len > block) break;
-            seg[n] = (Segment){p->tokens + p->offsets[i + n], len, n, 0};
-            rows += len;
-        }
-        rc = forward_segments(m, &s, doc, seg, n, LOGITS_ALL);
-        for (int k = 0, row = 0; k < n && rc == 0; row += seg[k].ntok, k++) {
-            teacher_record(c, &s, row, seg[k].ntok, i + k, is_train[i + k], at, td, embed);
-            if (is_train[i + k]) at += seg[k].ntok;
-        }
-        i += n;
-        print_progress("teacher", i, p->n_prompts, t0);
-    }
+    int rc = teacher_pass(&in->model, &in->doc, p, is_train, td, embed, print_teacher_progress, &t0);
     fprintf(stderr, "\n");
-    runstate_free(&s);
     return rc;
 }
 
@@ -794,69 +700,6 @@ static void mark_challenge(PromptSet *p, const unsigned char *is_train, const fl
     free(best);
 }
 
-/* MLP initialisation from the teacher's data: output biases at the training
- * means of alpha and A, input scale 1 / rms(q), per (layer, KV head). */
-static void mlp_init_from_teacher(ModuleSet *ms, const FitTargets *targets, const Config *c, uint64_t seed) {
-    int L = c->n_layers, G = c->n_kv_heads, H = c->n_heads, D = c->dim, d = D / H, group = H / G;
-    float *mean_a = xmalloc((size_t)L * G * sizeof(float)), *mean_A = xmalloc((size_t)L * G * d * sizeof(float));
-    double *sA = xmalloc(d * sizeof(double));
-    for (int l = 0; l < L; l++)
-        for (int g = 0; g < G; g++) {
-            double sa = 0, sq = 0;
-            memset(sA, 0, d * sizeof(double));
-            for (long t = 0; t < targets->P; t++)
-                for (int j = 0; j < group; j++) {
-                    size_t row = ((size_t)l * targets->P + t) * D + (size_t)(g * group + j) * d;
-                    sa += targets->alpha[((size_t)l * targets->P + t) * H + g * group + j];
-                    for (int k = 0; k < d; k++) {
-                        double q = float_from_bf16(targets->q[row + k]);
-                        sA[k] += float_from_bf16(targets->A[row + k]);
-                        sq += q * q;
-                    }
-                }
-            double count = (double)targets->P * group;
-            mean_a[l * G + g] = (float)(sa / count);
-            for (int k = 0; k < d; k++) mean_A[((size_t)l * G + g) * d + k] = (float)(sA[k] / count);
-            ms->modules[l * G + g].input_scale = (float)(1.0 / sqrt(sq / (count * d) + 1e-12));
-        }
-    mlp_init(ms, seed, mean_a, mean_A);
-    free(mean_a); free(mean_A); free(sA);
-}
-
-/* The regression terms' normalisers: what modules that predict their
- * training means would score, summed over (layer, KV head) as the loss is:
- * the variance of alpha, and sum_k Var(A_k), over each module's training
- * queries. L_alpha and L_A divided by them are 1 for the mean predictor and
- * 0 for a perfect fit whatever the model's scale, so that the KL term (nats
- * per position) can be weighed against them. */
-static void regression_normalisers(const FitTargets *t, const Config *c, double *var_alpha, double *var_A) {
-    int L = c->n_layers, G = c->n_kv_heads, H = c->n_heads, D = c->dim, d = D / H, group = H / G;
-    double *sA = xmalloc(d * sizeof(double)), *sAA = xmalloc(d * sizeof(double)), count = (double)t->P * group;
-    *var_alpha = *var_A = 0;
-    for (int l = 0; l < L; l++)
-        for (int g = 0; g < G; g++) {
-            double sa = 0, saa = 0;
-            memset(sA, 0, d * sizeof(double));
-            memset(sAA, 0, d * sizeof(double));
-            for (long p = 0; p < t->P; p++)
-                for (int j = 0; j < group; j++) {
-                    double a = t->alpha[((size_t)l * t->P + p) * H + g * group + j];
-                    const uint16_t *A = t->A + ((size_t)l * t->P + p) * D + (size_t)(g * group + j) * d;
-                    sa += a; saa += a * a;
-                    for (int k = 0; k < d; k++) {
-                        double A_k = float_from_bf16(A[k]);
-                        sA[k] += A_k; sAA[k] += A_k * A_k;
-                    }
-                }
-            /* Var(x) = E[x^2] - E[x]^2 */
-            *var_alpha += saa / count - (sa / count) * (sa / count);
-            for (int k = 0; k < d; k++) *var_A += sAA[k] / count - (sA[k] / count) * (sA[k] / count);
-        }
-    if (!(*var_alpha > 0)) *var_alpha = 1;  /* constant targets: nothing to normalise */
-    if (!(*var_A > 0)) *var_A = 1;
-    free(sA); free(sAA);
-}
-
 /* ------------------------------------------------------------------------ */
 /* Budget                                                                   */
 
@@ -888,28 +731,13 @@ static int layer_multipliers(const char *spec, int L, float *mult) {
 static int make_modules(const Options *o, const Inputs *in, ModuleSet *ms) {
     const Config *c = &in->model.config;
     int L = c->n_layers, G = c->n_kv_heads, d = c->dim / c->n_heads, n_doc = in->n_doc;
-    float *mult = xmalloc(L * sizeof(float));
-    int *sizes = xmalloc(L * sizeof(int)), rc = -1;
-    if (layer_multipliers(o->groups, L, mult) != 0) goto done;
-    for (int l = 0; l < L; l++) {
-        sizes[l] = module_size_for_budget(o->arch, d, (double)o->rho * mult[l] * n_doc, o->depth_backbone,
-                                          o->depth_score, o->depth_target);
-        if (o->arch == ARCH_QUAD && sizes[l] > n_doc) {
-            fprintf(stderr, "error: layer %d would get %d quadrature pairs, more than the %d cached pairs they start "
-                    "from; keep rho x multiplier <= 1\n", l, sizes[l], n_doc);
-            goto done;
-        }
-        if (sizes[l] < 1) {
-            fprintf(stderr, "error: rho %g leaves layer %d no room for even one %s of a document of %d tokens; "
-                    "raise --rho%s\n", o->rho, l, o->arch == ARCH_MLP ? "hidden unit" : "pair", n_doc,
-                    o->arch == ARCH_MLP ? " or lower the depths" : "");
-            goto done;
-        }
-    }
-    if (moduleset_alloc(ms, o->arch, L, G, d, o->depth_backbone, o->depth_score, o->depth_target, sizes, 1) != 0)
-        goto done;
-    ms->n_doc = n_doc; ms->rho = o->rho; ms->chat = o->chat; ms->later = o->later_document;
-    ms->model_fingerprint = in->model.fingerprint; ms->doc_fingerprint = in->cache.fingerprint;
+    float *mult = xmalloc(L * sizeof(float));  /* (L) */
+    int rc = layer_multipliers(o->groups, L, mult);
+    if (rc == 0) rc = moduleset_for_budget(ms, &in->model, &in->cache, o->arch, o->rho, o->depth_backbone,
+                                           o->depth_score, o->depth_target, mult, 1);
+    if (rc != 0) { free(mult); return -1; }
+    ms->chat = o->chat;
+    ms->later = o->later_document;
     long kv_entries = 2L * n_doc * d * L * G;
     FILE *info = o->json ? stderr : stdout;
     fprintf(info, "budget: %s, rho %.3g, document %d tokens, %d layers x %d KV heads, head size %d\n",
@@ -917,16 +745,14 @@ static int make_modules(const Options *o, const Inputs *in, ModuleSet *ms) {
     fprintf(info, "  %-6s %6s %8s %12s %12s %8s\n", "layer", "mult", o->arch == ARCH_MLP ? "width" : "pairs",
             "params/mod", "KV entries", "rho");
     for (int l = 0; l < L; l++) {
-        size_t np = ms->modules[l * G].n_params;
-        fprintf(info, "  %-6d %6.2f %8d %12zu %12ld %8.4f\n", l, mult[l], sizes[l], np, 2L * n_doc * d,
-                np / (2.0 * n_doc * d));
+        const Module *mod = &ms->modules[l * G];
+        fprintf(info, "  %-6d %6.2f %8d %12zu %12ld %8.4f\n", l, mult[l], o->arch == ARCH_MLP ? mod->width
+                : mod->n_pairs, mod->n_params, 2L * n_doc * d, mod->n_params / (2.0 * n_doc * d));
     }
     fprintf(info, "  total %zu params for %ld KV entries: rho %.4f\n", ms->n_params, kv_entries,
             (double)ms->n_params / kv_entries);
-    rc = 0;
-done:
-    free(mult); free(sizes);
-    return rc;
+    free(mult);
+    return 0;
 }
 
 /* 1 if two prompt sets hold the same prompts, token for token. */
@@ -974,377 +800,96 @@ static int init_from_file(const char *path, ModuleSet *file, ModuleSet *ms) {
 }
 
 /* ------------------------------------------------------------------------ */
-/* Optimisation                                                             */
+/* Fitting                                                                  */
 
-typedef struct {
-    float *m, *v;   /* (n_params) Adam moments */
-    int step;       /* the run's steps done, through both stages */
-} Adam;
-
-/* A stage of the fit: the loss given (--loss, --steps), then with
- * --kl-steps pure KL going on from its modules, with fresh AdamW moments
- * and its own schedule. The run counts its steps through both. */
-typedef struct {
-    int first, steps;              /* the run's steps [first, first + steps) */
-    float lr;                      /* peak learning rate */
-    float weight_alpha, weight_A;  /* lambda_alpha / Var(alpha), lambda_A / sum_k Var(A_k) */
-    float lambda_kl;
-    const char *name, *lr_option;  /* in the progress line; the option that sets lr */
-} Stage;
-
-/* The two stages (the second has no steps without --kl-steps), with the
- * regression terms divided by their normalisers. */
-static void make_stages(const Options *o, double var_alpha, double var_A, Stage stages[2]) {
-    stages[0] = (Stage){.first = 0, .steps = o->steps, .lr = o->lr,
-                        .weight_alpha = (float)(o->lambda_alpha / var_alpha), .weight_A = (float)(o->lambda_A / var_A),
-                        .lambda_kl = o->lambda_kl, .name = "", .lr_option = "--lr"};
-    stages[1] = (Stage){.first = o->steps, .steps = o->kl_steps, .lr = o->kl_lr, .weight_alpha = 0, .weight_A = 0,
-                        .lambda_kl = 1, .name = " (KL)", .lr_option = "--kl-lr"};
+/* The fit's settings from the options. */
+static FitOptions fit_options(const Options *o) {
+    return (FitOptions){.steps = o->steps, .kl_steps = o->kl_steps, .batch = o->batch, .kl_prompts = o->kl_prompts,
+                        .lr = o->lr, .kl_lr = o->kl_lr, .weight_decay = o->weight_decay,
+                        .warmup_fraction = o->warmup_fraction, .lambda_alpha = o->lambda_alpha,
+                        .lambda_A = o->lambda_A, .lambda_kl = o->lambda_kl, .seed = o->seed};
 }
 
-/* lr(t) at the stage's step t (from 0): linear warmup to the peak, then cosine decay to 0 */
-static float learning_rate(const Stage *s, float warmup_fraction, int t) {
-    int warmup = (int)(warmup_fraction * s->steps);
-    if (t < warmup) return s->lr * (t + 1) / warmup;
-    float progress = (float)(t - warmup) / (float)(s->steps - warmup > 0 ? s->steps - warmup : 1);
-    return s->lr * 0.5f * (1.0f + cosf(3.14159265f * progress));
-}
-
-/* The teacher at one prompt's positions: its logits (len, V), or its top k
- * (k > 0: ids and logp (len, k), rest (len)). */
-typedef struct {
-    const float *logits;
-    int k;
-    const int *ids;
-    const float *logp, *rest;
-} TeacherRows;
-
-/* One prompt's KL term, weight KL(teacher || student): returns the KL and
- * leaves its gradient with respect to the student's logits, times the
- * weight, in dlogits (len, V). */
-static double kl_term(const TeacherRows *teacher, const float *student_logits, int len, int V, float weight,
-                      float *dlogits) {
-    double kl = teacher->k ? kl_loss_top_k(teacher->ids, teacher->logp, teacher->rest, teacher->k, student_logits,
-                                           len, V, dlogits)
-                           : kl_loss(teacher->logits, student_logits, len, V, dlogits);
-    for (size_t j = 0; j < (size_t)len * V; j++) dlogits[j] *= weight;
-    return kl;
+/* The device the fit runs on; NULL after a sentence when --gpu finds no
+ * usable GPU. */
+static const FitBackend *fit_backend(const Options *o) {
+#ifdef NECTAR_CUDA
+    if (o->gpu) return nectar_cuda_init() == 0 ? fit_backend_cuda() : NULL;
+#endif
+    return fit_backend_cpu();
 }
 
 /* Checkpoint: header, then params, Adam m and v. */
 enum { CKPT_MAGIC = 0x4B43544E /* "NTCK" */, CKPT_VERSION = 1 };
 typedef struct { uint32_t magic, version; int32_t step, reserved; uint64_t n_params, run_hash; } CkptHeader;
 
-static int save_checkpoint(const char *path, const ModuleSet *s, const Adam *adam, uint64_t run_hash) {
-    CkptHeader h = {CKPT_MAGIC, CKPT_VERSION, adam->step, 0, s->n_params, run_hash};
-    size_t bytes = s->n_params * sizeof(float);
-    const void *parts[4] = {&h, s->params, adam->m, adam->v};
+static int save_checkpoint(const char *path, const Fit *f, uint64_t run_hash) {
+    CkptHeader h = {CKPT_MAGIC, CKPT_VERSION, f->step, 0, f->ms->n_params, run_hash};
+    size_t bytes = f->ms->n_params * sizeof(float);
+    const void *parts[4] = {&h, f->ms->params, f->adam_m, f->adam_v};
     size_t sizes[4] = {sizeof h, bytes, bytes, bytes};
     return write_file_atomic(path, parts, sizes, 4);
 }
 
-static int load_checkpoint(const char *path, ModuleSet *s, Adam *adam, uint64_t run_hash, int steps) {
-    FILE *f = fopen(path, "rb");
-    if (!f) { fprintf(stderr, "error: cannot open checkpoint %s\n", path); return -1; }
+static int load_checkpoint(const char *path, Fit *f, uint64_t run_hash, int steps) {
+    FILE *file = fopen(path, "rb");
+    if (!file) { fprintf(stderr, "error: cannot open checkpoint %s\n", path); return -1; }
     CkptHeader h;
+    size_t n = f->ms->n_params;
     const char *why = NULL;
-    if (fread(&h, sizeof h, 1, f) != 1 || h.magic != CKPT_MAGIC || h.version != CKPT_VERSION)
+    if (fread(&h, sizeof h, 1, file) != 1 || h.magic != CKPT_MAGIC || h.version != CKPT_VERSION)
         why = "it is not a train checkpoint";
-    else if (h.n_params != s->n_params || h.run_hash != run_hash)
+    else if (h.n_params != n || h.run_hash != run_hash)
         why = "it was written by a run with other data or options";
     else if (h.step < 1 || h.step > steps) why = "its step count is corrupt";
-    else if (fread(s->params, sizeof(float), s->n_params, f) != s->n_params ||
-             fread(adam->m, sizeof(float), s->n_params, f) != s->n_params ||
-             fread(adam->v, sizeof(float), s->n_params, f) != s->n_params || fgetc(f) != EOF)
+    else if (fread(f->ms->params, sizeof(float), n, file) != n || fread(f->adam_m, sizeof(float), n, file) != n ||
+             fread(f->adam_v, sizeof(float), n, file) != n || fgetc(file) != EOF)
         why = "it is truncated or corrupt";
-    fclose(f);
+    fclose(file);
     if (why) { fprintf(stderr, "error: checkpoint %s: %s\n", path, why); return -1; }
-    adam->step = h.step;
+    f->step = h.step;
     return 0;
 }
 
-#ifdef NECTAR_CUDA
-/* The fit on the GPU: device copies of the modules (with gradients), of
- * their Adam moments, of the targets and of the model, a batch, and the
- * student of the KL term (the Nectar model on the device modules). */
-typedef struct {
-    ModuleSet ms;
-    float *m, *v;        /* (n_params) */
-    FitTargets targets;
-    ModuleWork work;
-    FitBatch batch;
-    Model model;
-    Document student_doc;
-    RunStateCuda student;
-} GpuFit;
-#endif
-
-/* ------------------------------------------------------------------------ */
-/* Fitting: one loop, on the CPU or the GPU                                 */
-
-/* What the fit works on: the host's modules and their Adam moments, the
- * teacher's data, and the backend's buffers (the CPU's here; the GPU keeps
- * device copies, synchronised with the host by its download). */
+/* What the progress callback keeps: the options, the checkpoint's run
+ * hash, and the progress line's times: the fit's start, the last step's
+ * end, the current stage's start and the step it began at here (stage -1
+ * before the first step). */
 typedef struct {
     const Options *o;
-    const Model *model;
-    ModuleSet *ms;
-    const TeacherData *td;
-    const PromptSet *prompts;
-    const Document *doc;    /* the exact document: the KL term's teacher, where td keeps no logits */
-    RunState teacher;       /* its run state then */
-    Stage stages[2];
-    const Stage *stage;     /* the stage of the step being taken */
-    Adam adam;
-    float *dlogits;         /* (max_len, V) the KL term's gradient, or NULL without one */
-    ModuleWork work;        /* the CPU's: a module's batch of queries */
-    FitBatch batch;
-    Document student_doc;   /* the KL term's student: the Nectar model, teacher-forced */
-    RunState student;
-#ifdef NECTAR_CUDA
-    GpuFit gpu;
-#endif
-} Fit;
+    uint64_t run_hash;
+    double t_fit, t_step, t_stage, last_print;
+    int stage, stage_start;
+} FitProgress;
 
-/* A fit step's parts, on one device: the regression gradients at the batch
- * positions (zeroing the gradients first), one prompt's KL term (gradient
- * added), clipping and the AdamW step (t: its count within the stage, from
- * 1, for the bias correction; at t = 1 the moments start from zero), and
- * the parameters and moments back on the host (for checkpoints and the
- * end). */
-typedef struct {
-    void   (*start)(Fit *f);
-    double (*regression)(Fit *f, const long *pos);
-    double (*kl)(Fit *f, const int *tokens, int len, const TeacherRows *teacher, float weight);
-    double (*update)(Fit *f, float lr, int t);
-    void   (*download)(Fit *f);
-    void   (*finish)(Fit *f);
-} FitBackend;
-
-static void cpu_start(Fit *f) {
-    const Config *c = &f->model->config;
-    int max_len = promptset_max_len(f->prompts);
-    modulework_alloc(&f->work, f->ms, f->o->batch * (c->n_heads / c->n_kv_heads));
-    fitbatch_alloc(&f->batch, f->ms, c->n_heads, f->o->batch);
-    f->student_doc = (Document){DOC_NECTAR, f->ms->n_doc, NULL, f->ms, NULL};
-    if (uses_kl(f->o)) {
-        runstate_alloc(&f->student, f->model, &f->student_doc, max_len, max_len);
-        runstate_enable_backward(&f->student, f->model);
-    }
-}
-
-static double cpu_regression(Fit *f, const long *pos) {
-    memset(f->ms->grads, 0, f->ms->n_params * sizeof(float));
-    if (f->stage->weight_alpha + f->stage->weight_A == 0) return 0;
-    memcpy(f->batch.pos, pos, f->batch.B * sizeof(long));
-    return regression_grads(f->ms, &f->work, &f->batch, &f->td->fit, f->model->config.n_heads,
-                            f->stage->weight_alpha, f->stage->weight_A);
-}
-
-static double cpu_kl(Fit *f, const int *tokens, int len, const TeacherRows *teacher, float weight) {
-    forward(f->model, &f->student, &f->student_doc, tokens, len, 0, LOGITS_ALL);
-    double kl = kl_term(teacher, f->student.logits, len, f->model->config.vocab_size, weight, f->dlogits);
-    backward(f->model, &f->student, &f->student_doc, tokens, len, f->dlogits, NULL);
-    return kl;
-}
-
-static double cpu_update(Fit *f, float lr, int t) {
-    ModuleSet *ms = f->ms;
-    double norm = clip_grad_norm(ms->grads, ms->n_params, 1.0);  /* global norm clipping at 1.0 */
-    if (t == 1) {
-        memset(f->adam.m, 0, ms->n_params * sizeof(float));
-        memset(f->adam.v, 0, ms->n_params * sizeof(float));
-    }
-    adamw_update(ms->params, ms->grads, f->adam.m, f->adam.v, ms->n_params, t, lr, f->o->weight_decay, ADAM_BETA2);
-    return norm;
-}
-
-static void cpu_download(Fit *f) { (void)f; }  /* the CPU fits the host's modules in place */
-
-static void cpu_finish(Fit *f) {
-    fitbatch_free(&f->batch);
-    modulework_free(&f->work);
-    if (uses_kl(f->o)) runstate_free(&f->student);
-}
-
-static const FitBackend CPU_FIT = {cpu_start, cpu_regression, cpu_kl, cpu_update, cpu_download, cpu_finish};
-
-#ifdef NECTAR_CUDA
-static void gpu_start(Fit *f) {
-    GpuFit *g = &f->gpu;
-    const Config *c = &f->model->config;
-    int B = f->o->batch, max_len = promptset_max_len(f->prompts);
-    size_t bytes = f->ms->n_params * sizeof(float);
-    moduleset_upload_cuda(&g->ms, f->ms, 1);
-    g->m = cuda_xmalloc(bytes);
-    g->v = cuda_xmalloc(bytes);
-    CUDA_CHECK(cudaMemcpy(g->m, f->adam.m, bytes, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(g->v, f->adam.v, bytes, cudaMemcpyHostToDevice));
-    fittargets_upload_cuda(&g->targets, &f->td->fit, c->n_layers, c->dim, c->n_heads);
-    modulework_alloc_cuda(&g->work, f->ms, B * c->n_heads);  /* a layer's G modules, B H / G queries each */
-    fitbatch_alloc_cuda(&g->batch, f->ms, c->n_heads, B);
-    model_upload_cuda(&g->model, f->model);
-    g->student_doc = (Document){DOC_NECTAR, f->ms->n_doc, NULL, &g->ms, NULL};
-    if (uses_kl(f->o)) {
-        runstate_alloc_cuda(&g->student, &g->model, &g->student_doc, max_len, max_len);
-        runstate_enable_backward_cuda(&g->student, &g->model);
-    }
-}
-
-static double gpu_regression(Fit *f, const long *pos) {
-    GpuFit *g = &f->gpu;
-    CUDA_CHECK(cudaMemset(g->ms.grads, 0, g->ms.n_params * sizeof(float)));
-    if (f->stage->weight_alpha + f->stage->weight_A == 0) return 0;
-    memcpy(g->batch.pos, pos, g->batch.B * sizeof(long));
-    return regression_grads_cuda(&g->ms, &g->work, &g->batch, &g->targets, f->model->config.n_heads,
-                                 f->stage->weight_alpha, f->stage->weight_A);
-}
-
-static double gpu_kl(Fit *f, const int *tokens, int len, const TeacherRows *teacher, float weight) {
-    GpuFit *g = &f->gpu;
-    forward_cuda(&g->model, &g->student, &g->student_doc, tokens, len, 0, LOGITS_ALL);
-    double kl = kl_term(teacher, g->student.logits, len, g->model.config.vocab_size, weight, f->dlogits);
-    backward_cuda(&g->model, &g->student, &g->student_doc, len, f->dlogits);
-    return kl;
-}
-
-static double gpu_update(Fit *f, float lr, int t) {
-    GpuFit *g = &f->gpu;
-    double norm = clip_grad_norm_cuda(g->ms.grads, g->ms.n_params, 1.0);
-    if (t == 1) {
-        CUDA_CHECK(cudaMemset(g->m, 0, g->ms.n_params * sizeof(float)));
-        CUDA_CHECK(cudaMemset(g->v, 0, g->ms.n_params * sizeof(float)));
-    }
-    adamw_update_cuda(g->ms.params, g->ms.grads, g->m, g->v, g->ms.n_params, t, lr, f->o->weight_decay, ADAM_BETA2);
-    return norm;
-}
-
-static void gpu_download(Fit *f) {
-    size_t bytes = f->ms->n_params * sizeof(float);
-    moduleset_download_cuda(f->ms, &f->gpu.ms);
-    CUDA_CHECK(cudaMemcpy(f->adam.m, f->gpu.m, bytes, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(f->adam.v, f->gpu.v, bytes, cudaMemcpyDeviceToHost));
-}
-
-static void gpu_finish(Fit *f) {
-    GpuFit *g = &f->gpu;
-    gpu_download(f);
-    CUDA_CHECK(cudaFree(g->m)); CUDA_CHECK(cudaFree(g->v));
-    if (uses_kl(f->o)) runstate_free_cuda(&g->student);
-    model_free_cuda(&g->model);
-    fitbatch_free_cuda(&g->batch);
-    modulework_free_cuda(&g->work);
-    fittargets_free_cuda(&g->targets);
-    moduleset_free_cuda(&g->ms);
-    nectar_cuda_free();
-}
-
-static const FitBackend GPU_FIT = {gpu_start, gpu_regression, gpu_kl, gpu_update, gpu_download, gpu_finish};
-#endif
-
-/* The one place where the fit's device is chosen; NULL after a sentence
- * when --gpu finds no usable GPU. */
-static const FitBackend *fit_backend(const Options *o) {
-#ifdef NECTAR_CUDA
-    if (o->gpu) return nectar_cuda_init() == 0 ? &GPU_FIT : NULL;
-#endif
-    return &CPU_FIT;
-}
-
-/* The KL term over kl_prompts training prompts drawn from rng, each
- * weighted by its share of their positions, added into *loss; -1 after a
- * sentence when the teacher's recomputed forward fails. */
-static int kl_terms(Fit *f, const FitBackend *be, uint64_t *rng, double *loss) {
-    const Options *o = f->o;
-    const TeacherData *td = f->td;
-    const PromptSet *all = f->prompts;
-    int pick[64], positions = 0, V = f->model->config.vocab_size;
-    for (int k = 0; k < o->kl_prompts; k++) {
-        pick[k] = rng_u32(rng) % td->n_train;
-        int i = td->prompt[pick[k]];
-        positions += all->offsets[i + 1] - all->offsets[i];
-    }
-    for (int k = 0; k < o->kl_prompts; k++) {
-        int i = td->prompt[pick[k]], len = all->offsets[i + 1] - all->offsets[i];
-        const int *tokens = all->tokens + all->offsets[i];
-        long at = td->start[pick[k]];
-        TeacherRows teacher = {td->logits ? td->logits + at * V : f->teacher.logits, td->top_k, NULL, NULL, NULL};
-        if (td->top_k)
-            teacher = (TeacherRows){NULL, td->top_k, td->top_ids + at * td->top_k, td->top_logp + at * td->top_k,
-                                    td->top_rest + at};
-        if (!td->logits && !td->top_k && forward(f->model, &f->teacher, f->doc, tokens, len, 0, LOGITS_ALL) != 0)
-            return -1;
-        /* kl_loss averages over this prompt's positions; weigh by its share of all of them */
-        float share = (float)len / positions;
-        float lambda_kl = f->stage->lambda_kl;
-        double kl = be->kl(f, tokens, len, &teacher, lambda_kl * share);
-        *loss += lambda_kl * kl * share;
-    }
-    return 0;
-}
-
-/* The fit's progress line, at most once a second and at the last step of
- * a stage or of the run: the time since the fit started, and the ETA of
- * the stage at its own pace (a KL step is a forward and a backward of the
- * model, a regression step far less), from the step it began at here. */
-typedef struct { double t_fit, t_stage, last_print; int stage_start; } FitProgress;
-
-static void print_fit_progress(const Fit *f, FitProgress *p, int step, int last_step, double loss, float lr,
-                               double norm) {
-    const Stage *s = f->stage;
-    int stage_end = s->first + s->steps, next_stage = s == &f->stages[0] && f->o->kl_steps > 0;
+/* After each step: the progress line, at most once a second and at the last
+ * step of a stage or of the run (the time since the fit started, and the
+ * ETA of the stage at its own pace: a KL step is a forward and a backward
+ * of the model, a regression step far less); then the checkpoint when one
+ * is due. */
+static int fit_progress(Fit *f, const FitStatus *st, void *user) {
+    FitProgress *p = user;
+    const Options *o = p->o;
+    const Stage *s = &f->stages[st->stage];
     double now = now_seconds();
-    if (now - p->last_print < 1.0 && step + 1 != stage_end && step + 1 != last_step) return;
-    p->last_print = now;
-    double eta = (now - p->t_stage) / (step + 1 - p->stage_start) * (stage_end - step - 1);
-    fprintf(stderr, "\rstep %d/%d%s  loss %.5f  lr %.2e  |g| %.3f  %.1fs  ETA %.0fs%s   ", step + 1,
-            total_steps(f->o), s->name, loss, lr, norm, now - p->t_fit, eta, next_stage ? " + the KL stage" : "");
-    if (step + 1 == stage_end && next_stage && step + 1 < last_step) fprintf(stderr, "\n");
-}
-
-/* L = lambda_alpha L_alpha / var_alpha + lambda_A L_A / var_A over the batch positions +
- * lambda_kl mean KL(teacher || Nectar) over kl_prompts prompts, with the
- * weights of the step's stage, minimised from the Adam step the fit starts
- * at up to last_step. The batches depend only on (seed, the stage's step),
- * so resuming draws the same ones, and the KL stage those of a --loss kl
- * run from --init the first stage's file. 0, or -1 after a sentence
- * (divergence, a checkpoint that cannot be written). */
-static int fit_modules(Fit *f, const FitBackend *be, uint64_t run_hash, int last_step) {
-    const Options *o = f->o;
-    long *pos = xmalloc(o->batch * sizeof(long)), P = f->td->fit.P;
-    FitProgress progress = {now_seconds(), 0, 0, 0};
-    int rc = 0;
-    for (int step = f->adam.step; step < last_step && rc == 0; step++) {
-        const Stage *stage = &f->stages[step >= f->stages[1].first];  /* without --kl-steps, step < stages[1].first */
-        if (stage != f->stage) {
-            f->stage = stage;
-            progress.t_stage = now_seconds();
-            progress.stage_start = step;
-        }
-        int stage_step = step - stage->first;  /* from 0 */
-        uint64_t batch_rng = fnv1a(o->seed, &stage_step, sizeof stage_step) | 1;
-        for (int b = 0; b < o->batch; b++) pos[b] = (long)(rng_u32(&batch_rng) % (uint32_t)P);
-        float lr = learning_rate(stage, o->warmup_fraction, stage_step);
-        f->adam.step++;
-        double loss = be->regression(f, pos);
-        if (stage->lambda_kl > 0 && kl_terms(f, be, &batch_rng, &loss) != 0) { rc = -1; break; }
-        double norm = be->update(f, lr, stage_step + 1);
-        if (!isfinite(loss) || !isfinite(norm)) {  /* a NaN norm would pass the clipping unseen */
-            fprintf(stderr, "\nerror: training diverged at step %d%s (loss %g, gradient norm %g); lower %s (%g)%s\n",
-                    step + 1, stage->name, loss, norm, stage->lr_option, stage->lr,
-                    stage == &f->stages[0] ? ", --wd or the loss weights" : " or --wd");
-            rc = -1;
-            break;
-        }
-        print_fit_progress(f, &progress, step, last_step, loss, lr, norm);
-        if (o->checkpoint_path && ((step + 1) % o->checkpoint_every == 0 || step + 1 == last_step)) {
-            be->download(f);
-            rc = save_checkpoint(o->checkpoint_path, f->ms, &f->adam, run_hash);
-        }
+    if (st->stage != p->stage) {
+        p->stage = st->stage;
+        p->t_stage = p->t_step;
+        p->stage_start = st->step - 1;
     }
-    if (rc == 0) fprintf(stderr, "\n");
-    free(pos);
-    return rc;
+    p->t_step = now;
+    int stage_end = s->first + s->steps, next_stage = st->stage == 0 && o->kl_steps > 0;
+    if (now - p->last_print >= 1.0 || st->step == stage_end || st->step == st->last_step) {
+        p->last_print = now;
+        double eta = (now - p->t_stage) / (st->step - p->stage_start) * (stage_end - st->step);
+        fprintf(stderr, "\rstep %d/%d%s  loss %.5f  lr %.2e  |g| %.3f  %.1fs  ETA %.0fs%s   ", st->step,
+                total_steps(o), st->stage ? " (KL)" : "", st->loss, st->lr, st->grad_norm, now - p->t_fit, eta,
+                next_stage ? " + the KL stage" : "");
+        if (st->step == stage_end && next_stage && st->step < st->last_step) fprintf(stderr, "\n");
+    }
+    if (!o->checkpoint_path || (st->step % o->checkpoint_every != 0 && st->step != st->last_step)) return 0;
+    fit_sync(f);
+    return save_checkpoint(o->checkpoint_path, f, p->run_hash);
 }
 
 /* A hash of everything the fit depends on: a checkpoint of another run is
@@ -1370,10 +915,10 @@ static uint64_t run_fingerprint(const Options *o, const Inputs *in, const Prompt
 
 /* --resume: the modules and Adam moments of a checkpoint of this run. */
 static int resume(const Options *o, Fit *f, uint64_t run_hash) {
-    if (load_checkpoint(o->resume_path, f->ms, &f->adam, run_hash, total_steps(o)) != 0) return -1;
-    fprintf(stderr, "resumed from %s at step %d\n", o->resume_path, f->adam.step);
-    if (o->stop_after > 0 && o->stop_after <= f->adam.step) {
-        fprintf(stderr, "error: --stop-after %d is not after the checkpoint's step %d\n", o->stop_after, f->adam.step);
+    if (load_checkpoint(o->resume_path, f, run_hash, total_steps(o)) != 0) return -1;
+    fprintf(stderr, "resumed from %s at step %d\n", o->resume_path, f->step);
+    if (o->stop_after > 0 && o->stop_after <= f->step) {
+        fprintf(stderr, "error: --stop-after %d is not after the checkpoint's step %d\n", o->stop_after, f->step);
         return -1;
     }
     return 0;
@@ -1459,11 +1004,9 @@ typedef struct {
 } Run;
 
 static void run_free(Run *r) {
-    free(r->fit.adam.m); free(r->fit.adam.v); free(r->fit.dlogits); free(r->is_train);
-    runstate_free(&r->fit.teacher);
-    free(r->td.fit.q); free(r->td.fit.A); free(r->td.fit.alpha); free(r->td.logits); free(r->td.prompt);
-    free(r->td.top_ids); free(r->td.top_logp); free(r->td.top_rest);
-    free(r->td.start);
+    free(r->is_train);
+    fit_end(&r->fit);
+    teacherdata_free(&r->td);
     moduleset_free(&r->ms); moduleset_free(&r->init);
     promptset_free(&r->all); promptset_free(&r->eval_tasks);
     inputs_free(&r->in);
@@ -1474,9 +1017,7 @@ static void run_free(Run *r) {
 static int teach_and_initialise(const Options *o, Run *r) {
     const Config *c = &r->in.model.config;
     float *embed = xmalloc((size_t)r->all.n_prompts * c->dim * sizeof(float));
-    r->td.top_k = o->kl_top_k;
-    int rc = teacher_pass(&r->in.model, &r->in.doc, &r->all, r->is_train, uses_kl(o),
-                          (size_t)o->teacher_logits_mb << 20, &r->td, embed);
+    int rc = run_teacher_pass(o, &r->in, &r->all, r->is_train, &r->td, embed);
     if (rc == 0) mark_challenge(&r->all, r->is_train, embed, c->dim);
     free(embed);
     if (rc != 0) return -1;
@@ -1484,38 +1025,37 @@ static int teach_and_initialise(const Options *o, Run *r) {
     r->ms.heldout = join_prompts(&heldout, &r->eval_tasks, SPLIT_TASKS);
     promptset_free(&heldout);
     if (o->init_path) return init_from_file(o->init_path, &r->init, &r->ms);
-    if (o->arch == ARCH_MLP) mlp_init_from_teacher(&r->ms, &r->td.fit, c, o->seed + 7);
-    else quad_init_from_cache(&r->ms, &r->in.cache);
+    moduleset_init(&r->ms, &r->td.fit, &r->in.cache, c, o->seed + 7);
     return 0;
+}
+
+/* The sentence for a fit that diverged at its last step. */
+static void print_divergence(const Options *o, const Fit *f) {
+    int kl_stage = f->stage == &f->stages[1];
+    fprintf(stderr, "\nerror: training diverged at step %d%s (loss %g, gradient norm %g); lower %s (%g)%s\n",
+            f->step, kl_stage ? " (KL)" : "", f->diverged_loss, f->diverged_norm, kl_stage ? "--kl-lr" : "--lr",
+            f->stage->lr, kl_stage ? " or --wd" : ", --wd or the loss weights");
 }
 
 /* 5. fitting, from a checkpoint with --resume, to the last step asked for:
  * *stopped when that is before the end. */
 static int fit_run(const Options *o, const FitBackend *backend, Run *r, double *fit_seconds, int *stopped) {
-    const Config *c = &r->in.model.config;
-    Fit *fit = &r->fit;
-    *fit = (Fit){.o = o, .model = &r->in.model, .ms = &r->ms, .td = &r->td, .prompts = &r->all, .doc = &r->in.doc,
-                 .adam = {xmalloc(r->ms.n_params * sizeof(float)), xmalloc(r->ms.n_params * sizeof(float)), 0}};
-    double var_alpha, var_A;
-    regression_normalisers(&r->td.fit, c, &var_alpha, &var_A);
-    make_stages(o, var_alpha, var_A, fit->stages);
-    int max_len = promptset_max_len(&r->all);
-    if (uses_kl(o)) fit->dlogits = xmalloc((size_t)max_len * c->vocab_size * sizeof(float));
-    if (uses_kl(o) && !r->td.logits && !r->td.top_k) runstate_alloc(&fit->teacher, &r->in.model, &r->in.doc, max_len, max_len);
-    uint64_t run_hash = run_fingerprint(o, &r->in, &r->all);
-    if (o->resume_path && resume(o, fit, run_hash) != 0) return -1;
+    FitOptions fo = fit_options(o);
+    fit_begin(&r->fit, &r->in.model, &r->ms, &r->td, &r->all, &r->in.doc, &fo, backend);
+    FitProgress progress = {o, run_fingerprint(o, &r->in, &r->all), 0, 0, 0, 0, -1, 0};
+    if (o->resume_path && resume(o, &r->fit, progress.run_hash) != 0) return -1;
     int last_step = o->stop_after > 0 && o->stop_after < total_steps(o) ? o->stop_after : total_steps(o);
-    backend->start(fit);
-    double t_fit = now_seconds();
-    int rc = fit_modules(fit, backend, run_hash, last_step);
-    backend->finish(fit);
-    *fit_seconds = now_seconds() - t_fit;
+    progress.t_fit = progress.t_step = now_seconds();
+    int rc = fit_steps(&r->fit, last_step, fit_progress, &progress);
+    if (rc == FIT_DIVERGED) print_divergence(o, &r->fit);
+    else if (rc == 0) fprintf(stderr, "\n");
+    *fit_seconds = now_seconds() - progress.t_fit;
     *stopped = last_step < total_steps(o);
     if (rc == 0 && *stopped)
         fprintf(stderr, "stopped after step %d as asked; resume with --resume %s%s\n", last_step,
                 o->checkpoint_path ? o->checkpoint_path : "(no --checkpoint given)",
                 o->init_path ? " instead of --init (the checkpoint holds the modules)" : "");
-    return rc;
+    return rc != 0 ? -1 : 0;
 }
 
 int main(int argc, char **argv) {

@@ -1,6 +1,6 @@
 /* formats.h - the files the programs read and write (formats.c): models
- * (llama2.c checkpoints and GGUF files), module files, text and token-id
- * files.
+ * (llama2.c checkpoints and GGUF files), self-study files, text and
+ * token-id files. Module files are the core's (modfile.c, nectar.h).
  */
 #ifndef NECTAR_FORMATS_H
 #define NECTAR_FORMATS_H
@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "../nectar.h"
+#include "util.h"
 
 /* A model file, told apart by its first bytes: a GGUF file of the Llama
  * architecture (its weights dequantized to fp32, RoPE base and RMSNorm
@@ -20,12 +21,6 @@ int  model_load(Model *m, const char *path);
 int  is_gguf_file(const char *path);
 int  model_save(const Model *m, const char *path);
 
-/* Module files: a fixed header, the module table, the parameters and the
- * held-out prompts. load refuses a file fitted to another model or
- * document (fingerprints given; 0 skips that check) with a sentence. */
-int  moduleset_save(const ModuleSet *s, const char *path);
-int  moduleset_load(ModuleSet *s, const char *path, uint64_t model_fp, uint64_t doc_fp);
-
 /* Self-study files (train --save-self-study, --self-study): the prompts of
  * a self-study and its evaluation-only tasks, which share their answers'
  * conventions, for the model and document of the fingerprints. load
@@ -35,17 +30,11 @@ int  selfstudy_save(const char *path, const PromptSet *prompts, const PromptSet 
                     uint64_t doc_fp);
 int  selfstudy_load(const char *path, uint64_t model_fp, uint64_t doc_fp, PromptSet *prompts, PromptSet *tasks);
 
-/* path opened for reading ("rb"), if it is a regular file: NULL after a
- * sentence naming `what` ("tokenizer file", or "") when it cannot be opened or
- * is a directory or another kind of file. */
-FILE *open_regular_file(const char *path, const char *what);
 /* Whitespace-separated integers; returns the count and a malloc'd array. */
 int  read_token_ids(const char *path, int **ids);
 /* A whole text file, NUL-terminated, malloc'd; NULL after a sentence (also
  * for a file with a NUL byte in it). */
 char *read_text_file(const char *path);
-/* A whole file, malloc'd with a NUL after its last byte; NULL after a sentence. */
-unsigned char *read_file(const char *path, size_t *size);
 /* Whether `path` can be a program's output, found before any work: not
  * empty, not a directory, in a folder that exists and takes a new file (the
  * temporary one of write_file_atomic), not an existing file that cannot be
@@ -54,9 +43,5 @@ unsigned char *read_file(const char *path, size_t *size);
  * and inode) or the same path once links are resolved. 0, or -1 after a
  * sentence naming `option`. */
 int  check_output(const char *option, const char *path, const char *const *inputs, int n);
-/* Writes n_parts buffers to path atomically: a temporary file, then rename. */
-int  write_file_atomic(const char *path, const void *const *parts, const size_t *sizes, int n_parts);
-/* Index of the first NaN or infinity in x (n), or n if every value is finite. */
-size_t first_nonfinite(const float *x, size_t n);
 
 #endif

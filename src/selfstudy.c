@@ -265,7 +265,7 @@ static int sample_task_text(const SelfStudyInputs *in, const TaskFormat *f, int 
     RunState s;
     runstate_alloc(&s, m, in->doc, n_seed, n_seed + max_tokens);
     forward(m, &s, in->doc, seed, n_seed, 0, LOGITS_LAST);
-    const float *logits = s.logits + (size_t)(n_seed - 1) * m->config.vocab_size;
+    const float *logits = s.logits;
     text[0] = 0;
     for (int i = 0, prev = seed[n_seed - 1]; i < max_tokens && !ok; i++) {
         int next = sample(sampler, logits, m->config.vocab_size);

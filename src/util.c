@@ -1,13 +1,16 @@
 /* util.c - small utilities of the core: checked allocation, time, copying
- * strided rows, hashing (FNV-1a), random numbers (xorshift*, as llama2.c).
+ * strided rows, hashing (FNV-1a), random numbers (xorshift*, as llama2.c),
+ * whole files read and written atomically.
  */
 #include "util.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 
 /* Blocks of at least HUGE_BLOCK bytes (the weights, KV caches) are 2 MB
@@ -77,4 +80,74 @@ int argmax(const float *x, int n) {
     int best = 0;
     for (int i = 1; i < n; i++) if (x[i] > x[best]) best = i;
     return best;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Files                                                                    */
+
+int write_file_atomic(const char *path, const void *const *parts, const size_t *sizes, int n_parts) {
+    size_t len = strlen(path);
+    char *tmp = xmalloc(len + 5);
+    memcpy(tmp, path, len);
+    memcpy(tmp + len, ".tmp", 5);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        fprintf(stderr, "error: cannot write %s: %s\n", tmp, strerror(errno));
+        free(tmp);
+        return -1;
+    }
+    int ok = 1;
+    for (int i = 0; i < n_parts && ok; i++)
+        ok = sizes[i] == 0 || fwrite(parts[i], 1, sizes[i], f) == sizes[i];
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0) {
+        fprintf(stderr, "error: writing %s failed: %s\n", path, strerror(errno));
+        remove(tmp);
+        free(tmp);
+        return -1;
+    }
+    free(tmp);
+    return 0;
+}
+
+FILE *open_regular_file(const char *path, const char *what) {
+    FILE *f = fopen(path, "rb");
+    const char *space = what[0] ? " " : "";
+    if (!f) {
+        fprintf(stderr, "error: cannot open %s%s%s: %s\n", what, space, path, strerror(errno));
+        return NULL;
+    }
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        fprintf(stderr, "error: %s%s%s is %s, not a file\n", what, space, path,
+                S_ISDIR(st.st_mode) ? "a directory" : "not a regular file");
+        fclose(f);
+        return NULL;
+    }
+    return f;
+}
+
+unsigned char *read_file(const char *path, size_t *size) {
+    FILE *f = open_regular_file(path, "");
+    if (!f) return NULL;
+    struct stat st;
+    fstat(fileno(f), &st);
+    long end = (long)st.st_size;
+    unsigned char *buf = xmalloc((size_t)end + 1);
+    if (fread(buf, 1, (size_t)end, f) != (size_t)end) {
+        fprintf(stderr, "error: cannot read %s\n", path);
+        fclose(f);
+        free(buf);
+        return NULL;
+    }
+    fclose(f);
+    buf[end] = 0;
+    *size = (size_t)end;
+    return buf;
+}
+
+size_t first_nonfinite(const float *x, size_t n) {
+    size_t i = 0;
+    while (i < n && isfinite(x[i])) i++;
+    return i;
 }

@@ -10,7 +10,7 @@
 #include "../src/formats.h"
 #include "../src/tokenizer.h"
 
-#include "check.h"
+#include "../examples/check.h"
 
 #include <float.h>
 
@@ -341,7 +341,7 @@ static void test_exact_state_modules_reproduce_full_cache(void) {
     runstate_alloc(&ref, &m, &NO_DOCUMENT, NDOC + NPROMPT, NDOC + NPROMPT + NDEC);
     float *ref_logits = xmalloc((size_t)(NDEC + 1) * c->vocab_size * sizeof(float));
     forward(&m, &ref, &NO_DOCUMENT, all, NDOC + NPROMPT, 0, LOGITS_LAST);
-    memcpy(ref_logits, ref.logits + (size_t)(NDOC + NPROMPT - 1) * c->vocab_size, c->vocab_size * sizeof(float));
+    memcpy(ref_logits, ref.logits, c->vocab_size * sizeof(float));
     for (int t = 0; t < NDEC; t++) {
         int pos = NDOC + NPROMPT + t;
         all[pos] = argmax(ref_logits + (size_t)t * c->vocab_size, c->vocab_size);
@@ -364,7 +364,7 @@ static void test_exact_state_modules_reproduce_full_cache(void) {
         runstate_alloc(&s, &m, &docs[which], NPROMPT, NPROMPT + NDEC);
         float *got = xmalloc((size_t)(NDEC + 1) * c->vocab_size * sizeof(float));
         forward(&m, &s, &docs[which], all + NDOC, NPROMPT, 0, LOGITS_LAST);
-        memcpy(got, s.logits + (size_t)(NPROMPT - 1) * c->vocab_size, c->vocab_size * sizeof(float));
+        memcpy(got, s.logits, c->vocab_size * sizeof(float));
         for (int t = 0; t < NDEC; t++) {
             forward(&m, &s, &docs[which], &all[NDOC + NPROMPT + t], 1, NPROMPT + t, LOGITS_LAST);
             memcpy(got + (size_t)(t + 1) * c->vocab_size, s.logits, c->vocab_size * sizeof(float));
@@ -381,7 +381,7 @@ static void test_exact_state_modules_reproduce_full_cache(void) {
     forward(&m, &s, &NO_DOCUMENT, all + NDOC, NPROMPT, 0, LOGITS_LAST);
     double nodoc_diff = 0;
     for (int j = 0; j < c->vocab_size; j++)
-        nodoc_diff = fmax(nodoc_diff, fabs(s.logits[(size_t)(NPROMPT - 1) * c->vocab_size + j] - ref_logits[j]));
+        nodoc_diff = fmax(nodoc_diff, fabs(s.logits[j] - ref_logits[j]));
     printf("    no-document logits differ by up to %.3f\n", nodoc_diff);
     check("the document matters (no-document logits differ > 0.05)", nodoc_diff > 0.05);
     runstate_free(&s);
@@ -442,7 +442,7 @@ static void prefill_and_decode(const Model *m, const Document *doc, const int *p
     RunState s;
     runstate_alloc(&s, m, doc, np, np + steps);
     forward(m, &s, doc, prompt, np, 0, LOGITS_LAST);
-    memcpy(logits, s.logits + (size_t)(np - 1) * V, V * sizeof(float));
+    memcpy(logits, s.logits, V * sizeof(float));
     for (int t = 0; t < steps; t++) {
         forward(m, &s, doc, &feed[t], 1, np + t, LOGITS_LAST);
         memcpy(logits + (size_t)(t + 1) * V, s.logits, V * sizeof(float));
@@ -639,6 +639,13 @@ static void test_prefill_equals_decode(void) {
         memcpy(step + (size_t)i * V, b.logits, V * sizeof(float));
     }
     check_close_f("all logits, block of 23 vs 23 single steps", a.logits, step, (size_t)n * V, 1e-4, 1e-4);
+    /* one convention for LOGITS_LAST: the last row's logits in row 0, from forward and forward_segments alike */
+    Segment whole = {tokens, n, 0, 0};
+    forward(&m, &a, &NO_DOCUMENT, tokens, n, 0, LOGITS_LAST);
+    memcpy(step, a.logits, V * sizeof(float));
+    forward_segments(&m, &a, &NO_DOCUMENT, &whole, 1, LOGITS_LAST);
+    check_close_f("LOGITS_LAST: forward's row 0 is the block's last row", step, step + (size_t)(n - 1) * V, V, 1e-4, 1e-4);
+    check_close_f("LOGITS_LAST: forward_segments' row 0 is forward's", a.logits, step, V, 0, 0);
     free(step);
     runstate_free(&a); runstate_free(&b);
     model_free(&m);
@@ -688,7 +695,7 @@ static void test_segments_equal_sequences_alone(void) {
             for (int step = 0; step <= STEPS; step++) {
                 int n = step ? 1 : len[k], pos = step ? len[k] + step - 1 : 0;
                 forward(&m, &alone, doc, &tokens[k][pos], n, pos, LOGITS_LAST);
-                const float *want = alone.logits + (size_t)(n - 1) * V, *g = got + ((size_t)step * S + k) * V;
+                const float *want = alone.logits, *g = got + ((size_t)step * S + k) * V;
                 for (int i = 0; i < V; i++) max_err = fmax(max_err, fabs(g[i] - want[i]));
             }
             runstate_free(&alone);
@@ -766,7 +773,7 @@ static void test_logits_match_numpy_reference(const char *name) {
         /* greedy generation: prefill the prompt, then decode token by token */
         runstate_alloc(&s, &m, &NO_DOCUMENT, np, np + ng);
         forward(&m, &s, &NO_DOCUMENT, seq, np, 0, LOGITS_LAST);
-        const float *last = s.logits + (size_t)(np - 1) * V;
+        const float *last = s.logits;
         int same = 1;
         for (int i = 0; i < ng; i++) {
             int next = argmax(last, V);
@@ -1288,7 +1295,7 @@ static void test_evaluate_metrics_match_definitions(void) {
             int *at = tokens + offsets[i] + t;
             if (t % 2 == 0) { *at = 3 + rng_u32(&rng) % (V - 3); continue; }
             forward(&m, &sf, &full, tokens + offsets[i], t, 0, LOGITS_LAST);
-            *at = argmax(sf.logits + (size_t)(t - 1) * V, V);
+            *at = argmax(sf.logits, V);
         }
     }
     PromptSet prompts = {.n_prompts = NPROMPTS, .offsets = offsets, .tokens = tokens, .split = split_flags};
@@ -1413,7 +1420,7 @@ static int naive_answer(const Model *m, const Document *doc, const int *question
     runstate_alloc(&s, m, doc, nq + cap, nq + cap);
     while (n < cap) {
         forward(m, &s, doc, seq, nq + n, 0, LOGITS_LAST);
-        int next = argmax(s.logits + (size_t)(nq + n - 1) * V, V);
+        int next = argmax(s.logits, V);
         seq[nq + n] = answer[n] = next;
         n++;
         if (next == stop[0] || next == stop[1]) break;

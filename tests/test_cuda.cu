@@ -27,7 +27,7 @@ void ref_rope(float *vec, int n, int head_size, int pos, float theta, float dire
 void ref_swiglu(float *hgate, const float *hb, const float *hb2, size_t n);
 }
 
-#include "check.h"
+#include "../examples/check.h"
 
 static float *host_floats(size_t n) { return (float *)xmalloc(n * sizeof(float)); }
 

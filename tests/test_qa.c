@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "check.h"
+#include "../examples/check.h"
 
 static const char *TMP = "tests/tmp_questions.qa";
 

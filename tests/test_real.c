@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "check.h"
+#include "../examples/check.h"
 
 /* ------------------------------------------------------------------------ */
 /* Tensors                                                                  */

@@ -1,12 +1,10 @@
-/* standalone.c - the core lifted out. This program is built from nectar.c,
- * src/kernels.c, src/parallel.c and src/util.c alone (no file formats,
- * tokenizers, evaluation or command line), as a project that copies the core
- * builds it:
+/* identities.c - the core lifted out, checking the method's identities.
+ * Built from the core's files alone (no model files, tokenizers, evaluation
+ * or command line), as README's "Lifting the core out" builds it:
  *
- *   cc -O2 -fopenmp-simd tests/standalone.c nectar.c src/kernels.c src/parallel.c src/util.c \
- *      $(pkg-config --cflags --libs openblas) -lm -pthread
+ *   cc -O2 -fopenmp-simd examples/identities.c $CORE $(pkg-config --cflags --libs openblas) -lm -pthread
  *
- * and checks the method's three identities on a small random model made in
+ * (CORE: README's list of the core's .c files) and checks the method's three identities on a small random model made in
  * memory:
  *   1. merge: the state (A, lse) of all keys is the merge of the states of
  *      any split of them, in either order;
@@ -26,7 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "check.h"
+#include "check.h"  /* check, check_close_f, fill_normal */
 
 /* 1. One query over nk keys, and over the keys [0, split) and [split, nk)
  * merged both ways round. */
@@ -102,12 +100,9 @@ static void test_oracle_identity(Config c, int n_doc, int n_prompt, int decode, 
     for (int i = 0; i < n; i++) tokens[i] = rng_u32(&rng) % c.vocab_size;
     DocCache cache;
     if (doccache_build(&cache, &m, doc_ids, n_doc, 64) != 0) exit(1);
-    int d = c.dim / c.n_heads, *pairs = xmalloc(c.n_layers * sizeof(int));
-    for (int l = 0; l < c.n_layers; l++) pairs[l] = n_doc;
-    ModuleSet ms;
-    if (moduleset_alloc(&ms, ARCH_QUAD, c.n_layers, c.n_kv_heads, d, 0, 0, 0, pairs, 0) != 0) exit(1);
-    ms.n_doc = n_doc;
-    quad_init_from_cache(&ms, &cache);
+    ModuleSet ms;  /* rho 1: p = n pairs, started from the cache: W = K, Z = V */
+    if (moduleset_for_budget(&ms, &m, &cache, ARCH_QUAD, 1.0f, 0, 0, 0, NULL, 0) != 0) exit(1);
+    moduleset_init(&ms, NULL, &cache, &m.config, seed);
     Document exact = {DOC_EXACT, n_doc, &cache, NULL, NULL}, nectar = {DOC_NECTAR, n_doc, NULL, &ms, NULL};
     float *want = run_logits(&m, &exact, tokens, n_prompt, decode);
     float *got = run_logits(&m, &nectar, tokens, n_prompt, decode);
@@ -119,7 +114,7 @@ static void test_oracle_identity(Config c, int n_doc, int n_prompt, int decode, 
     for (int t = 0; t < n; t++)
         same &= argmax(got + (size_t)t * c.vocab_size, c.vocab_size) == argmax(want + (size_t)t * c.vocab_size, c.vocab_size);
     check("oracle: every row's greedy token the same", same);
-    free(want); free(got); free(doc_ids); free(tokens); free(pairs);
+    free(want); free(got); free(doc_ids); free(tokens);
     moduleset_free(&ms);
     doccache_free(&cache);
     model_free(&m);

@@ -1,6 +1,7 @@
-/* check.h - the checks shared by the C and CUDA test programs: each prints
- * what it compared and counts a pass or a failure; a program ends with
- * "N passed, M failed" and a non-zero status on any failure. */
+/* check.h - the checks shared by the examples and the C and CUDA test
+ * programs: each prints what it compared and counts a pass or a failure; a
+ * program ends with "N passed, M failed" and a non-zero status on any
+ * failure. */
 #ifndef CHECK_H
 #define CHECK_H
 
@@ -13,14 +14,14 @@
 
 static int n_passed, n_failed;
 
-static void check(const char *what, int ok) {
+static inline void check(const char *what, int ok) {
     printf("  %-56s %s\n", what, ok ? "ok" : "FAIL");
     if (ok) n_passed++; else n_failed++;
 }
 
 /* |got - ref| <= atol + rtol |ref| elementwise (infinities must match
  * exactly, NaN never passes); prints max errors and the first mismatches. */
-static int check_close(const char *what, const float *got, const double *ref, size_t n,
+static inline int check_close(const char *what, const float *got, const double *ref, size_t n,
                        double atol, double rtol) {
     double max_abs = 0, max_rel = 0;
     size_t bad = 0;
@@ -39,7 +40,7 @@ static int check_close(const char *what, const float *got, const double *ref, si
 }
 
 /* The same against a float reference. */
-static int check_close_f(const char *what, const float *got, const float *ref, size_t n,
+static inline int check_close_f(const char *what, const float *got, const float *ref, size_t n,
                          double atol, double rtol) {
     double *r = (double *)xmalloc(n * sizeof(double));
     for (size_t i = 0; i < n; i++) r[i] = ref[i];
