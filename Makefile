@@ -61,7 +61,7 @@ demo: infer train
 	$(call fast_blas,./train) ./train -m data/model.bin -z data/tokenizer.bin -d data/doc.txt --arch mlp --rho 0.1 --qa data/doc.qa \
 	    -o $(DEMO_DIR)/demo.nectar
 	@echo; echo "document (data/doc.txt):"; cat data/doc.txt; echo; echo
-	$(call fast_blas,./infer) ./infer -m data/model.bin -z data/tokenizer.bin -d data/doc.txt -k $(DEMO_DIR)/demo.nectar --eval --answers
+	$(call fast_blas,./infer) ./infer -m data/model.bin -z data/tokenizer.bin -d data/doc.txt -k $(DEMO_DIR)/demo.nectar --eval
 
 # Nectar on a real model and a real document: SmolLM2-135M-Instruct (fetched
 # when missing) compiles the Apache-2.0 license text of this machine at rho
@@ -77,7 +77,7 @@ demo-real: real-doc infer train $(SMOLLM2)
 	@mkdir -p $(DEMO_DIR)
 	$(call fast_blas,./train) ./train -m $(SMOLLM2) -d $(REAL_DOC) --rho 0.1 --eval-tasks 24 \
 	    --qa data/qa/Apache-2.0.qa -o $(DEMO_DIR)/apache.nectar
-	$(call fast_blas,./infer) ./infer -m $(SMOLLM2) -d $(REAL_DOC) --chat -k $(DEMO_DIR)/apache.nectar --eval --answers
+	$(call fast_blas,./infer) ./infer -m $(SMOLLM2) -d $(REAL_DOC) --chat -k $(DEMO_DIR)/apache.nectar --eval
 real-doc:  # before the model is fetched
 	@test -f $(REAL_DOC) || { echo "error: $(REAL_DOC) is missing (Debian's base-files package has it)" >&2; exit 1; }
 

@@ -15,8 +15,8 @@
  * main reads as its steps: the options; the model, tokenizer, documents,
  * modules and prompt; the device (the host, or GPU copies) and the
  * documents' KV caches on it; then one mode: generate, --compare (exact,
- * Nectar and no document in turn), --eval (metrics on the held-out
- * prompts of the module file) or --qa (multiple-choice questions scored by
+ * Nectar and no document in turn), --eval (the held-out answers of the
+ * module file) or --qa (multiple-choice questions scored by
  * likelihood).
  */
 #include "nectar.h"
@@ -67,17 +67,16 @@ static void usage(FILE *f) {
         "  --encode       print the token ids of -i and exit (needs only -z; BOS first unless\n"
         "                 -d, -D or -k is given too, as for a prompt after a document)\n"
         "  --compare      with -k and -d/-D: exact, Nectar and no-document generations in turn\n"
-        "  --eval         with -k and -d/-D: metrics on the held-out prompts kept in the module\n"
-        "  --json         with --eval or --qa: one JSON object on stdout\n"
-        "  --answers      with --eval: each held-out task prompt with its exact, Nectar and\n"
-        "                 no-document greedy answers, then the answer match (instead of the tables;\n"
-        "                 with --json, the answers' token ids beside the metrics)\n"
-        "  --drift N      with --eval, instead of its tables: the full cache continues held-out task\n"
+        "  --eval         with -k and -d/-D: each held-out task prompt kept in the module file with\n"
+        "                 its exact, Nectar and no-document greedy answers, then the answer match\n"
+        "  --json         with --eval or --qa: one JSON object on stdout (--eval: every metric on the\n"
+        "                 held-out prompts, and the answers' token ids)\n"
+        "  --drift N      with --eval, instead of its answers: the full cache continues held-out task\n"
         "                 prompts (its evaluation-only tasks where the module file has them) N tokens\n"
         "                 (no stop), and KL(full || Nectar, no document) and top-1 agreement along\n"
         "                 them, in bins of the distance from the document\n"
         "  --drift-prompts K  how many held-out task prompts --drift continues (default 8)\n"
-        "  --stops        with --eval, instead of its tables: where answers end; each held-out answer\n"
+        "  --stops        with --eval, instead of its answers: where answers end; each held-out answer\n"
         "                 the full cache ends with its stop, teacher-forced, and each model's\n"
         "                 log-probability of that stop there, by the answer's length\n"
         "  --qa FILE      with -d/-D: the multiple-choice questions of FILE (format: docs/formats.md),\n"
@@ -104,7 +103,7 @@ typedef struct {
     DocOption docs[2 * MAX_DOCUMENTS];  /* -d, -D and -k in command-line order */
     int n_docs, n_texts, n_modules;     /* of them: all, -d and -D, -k */
     const char *qa_path;  /* --qa */
-    int n_gen, print_ids, encode_only, eval, compare, json, gpu, chat, answers, joined, stops;
+    int n_gen, print_ids, encode_only, eval, compare, json, gpu, chat, joined, stops;
     int drift, drift_prompts;  /* --drift N, --drift-prompts K (0: not given) */
     float temperature, topp;
     unsigned long long seed;
@@ -113,10 +112,10 @@ typedef struct {
 /* A flag (an option without a value) into o: 1 if a is one, else 0. */
 static int parse_flag(const char *a, Options *o) {
     int *flags[] = {&o->print_ids, &o->encode_only, &o->eval, &o->compare, &o->json, &o->gpu, &o->chat,
-                    &o->answers, &o->joined, &o->stops};
+                    &o->joined, &o->stops};
     static const char *names[] = {"--ids", "--encode", "--eval", "--compare", "--json", "--gpu", "--chat",
-                                  "--answers", "--joined", "--stops"};
-    for (int k = 0; k < 10; k++)
+                                  "--joined", "--stops"};
+    for (int k = 0; k < 9; k++)
         if (!strcmp(a, names[k])) { *flags[k] = 1; return 1; }
     return 0;
 }
@@ -163,14 +162,11 @@ static const char *options_problem(const Options *o) {
         return "--qa needs the document (-d/-D): the full cache is what the others are held to";
     if (o->qa_path && (o->eval || o->compare)) return "--qa is a mode of its own; drop --eval and --compare";
     if (o->json && !o->eval && !o->qa_path) return "--json is the output of --eval or --qa; add one or drop --json";
-    if (o->answers && !o->eval) return "--answers is an output of --eval; add --eval";
     if (o->gpu && (o->eval || o->qa_path)) return "--eval and --qa run on the CPU; drop --gpu";
     if ((o->drift || o->drift_prompts) && !o->eval) return "--drift and --drift-prompts are a mode of --eval; add --eval";
     if (o->drift_prompts && !o->drift) return "--drift-prompts needs --drift N";
-    if (o->drift && o->answers) return "--drift prints its own table; drop --answers";
     if (o->drift && o->n_modules > 1) return "--drift follows the held-out prompts of one module file; give one -k";
-    if (o->stops && (!o->eval || o->drift || o->answers)) return "--stops is a mode of --eval of its own; add --eval, drop "
-                                                                 "--drift and --answers";
+    if (o->stops && (!o->eval || o->drift)) return "--stops is a mode of --eval of its own; add --eval, drop --drift";
     if (o->joined && o->n_texts < 2) return "--joined prefills several documents as one; give two or more -d/-D";
     if (o->joined && o->n_modules && !(o->eval || o->compare || o->qa_path))
         return "--joined makes the full cache, which generation with modules does not read; add --compare, --eval "
@@ -793,7 +789,7 @@ static int run_drift(const Options *o, const Inputs *in, const Compositions *c) 
     return 0;
 }
 
-/* --answers --json: ", \"answers\": {split: [{\"prompt\": i, \"full\": [ids],
+/* --eval --json: ", \"answers\": {split: [{\"prompt\": i, \"full\": [ids],
  * \"nectar\": [...], \"nodoc\": [...]}, ...], ...}" for each split with
  * answers, i the prompt's index among the module file's held-out ones. */
 static void print_answers_json(const EvalResult split[EVAL_SPLITS]) {
@@ -878,16 +874,16 @@ static int eval_module(const Options *o, const Inputs *in, const Compositions *c
                ms->arch == ARCH_MLP ? "mlp" : "quad", ms->rho, ms->n_params,
                2L * cf->n_layers * ms->n_doc * (cf->dim / cf->n_heads) * cf->n_kv_heads);
         print_eval_splits_json(stdout, split);
-        if (o->answers) print_answers_json(split);
+        print_answers_json(split);
         printf("}");
-    } else if (o->answers) {
+    } else {
         printf("held-out task prompts (random split): greedy answers to the model's stop or %d tokens\n",
                ms->heldout.answer_cap);
         print_answers("random split", &split[EVAL_RANDOM], &ms->heldout, in->tokp, 1);
         print_answers("challenge split", &split[EVAL_CHALLENGE], &ms->heldout, in->tokp, 0);
         if (split[EVAL_TASKS].n_prompts > 0)
             print_answers("evaluation-only tasks", &split[EVAL_TASKS], &ms->heldout, in->tokp, 0);
-    } else print_eval_splits_table(stdout, split, cf->n_layers);
+    }
     for (int k = 0; k < EVAL_SPLITS; k++) evalresult_free(&split[k]);
     return rc;
 }

@@ -8,7 +8,7 @@ DIR holds what `scripts/results.sh real-compose` writes:
   qa-QA-MODS.json and qa-QA-MODS-joined.json   infer --qa --json, for each
       question set QA and MODS one of both (every document by its modules),
       first, second (one document by its modules, the other exact);
-  eval.json and eval-joined.json   infer --eval --answers --json of both
+  eval.json and eval-joined.json   infer --eval --json of both
       documents' module files.
 Without --joined the full cache is (b), each document prefilled on its own;
 with it, (a), the true concatenation (one prefill, the second document

@@ -343,7 +343,7 @@ real-plain-losses)
         done
         for joined in "" --joined; do
             echo "held-out prompts, ${joined:-apart} ..." >&2
-            ./infer "${docs[@]}" -k "$tmp/first.nectar" -k "$tmp/second.nectar" $joined --eval --answers --json \
+            ./infer "${docs[@]}" -k "$tmp/first.nectar" -k "$tmp/second.nectar" $joined --eval --json \
                 > "$tmp/compose/eval${joined:+-joined}.json"
         done
         python3 scripts/compose_table.py "$tmp/compose" Apache-2.0 LGPL-3 ;;

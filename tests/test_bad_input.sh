@@ -151,8 +151,8 @@ expect_error "infer --drift without --eval" "$bin/infer" $dm -d data/doc.txt -k 
 expect_error "infer --eval --drift 0" "$bin/infer" $dm -d data/doc.txt -k "$tmp/none.nectar" --eval --drift 0
 expect_error "infer --eval --drift-prompts without --drift" "$bin/infer" $dm -d data/doc.txt -k "$tmp/none.nectar" \
     --eval --drift-prompts 3
-expect_error "infer --eval --drift with --answers" "$bin/infer" $dm -d data/doc.txt -k "$tmp/none.nectar" --eval \
-    --drift 10 --answers
+expect_error "infer --answers: --eval lists the answers" "$bin/infer" $dm -d data/doc.txt -k "$tmp/none.nectar" \
+    --eval --answers
 expect_error "infer --stops without --eval" "$bin/infer" $dm -d data/doc.txt -k "$tmp/none.nectar" --stops
 expect_error "infer --eval --stops with --drift" "$bin/infer" $dm -d data/doc.txt -k "$tmp/none.nectar" --eval \
     --stops --drift 10

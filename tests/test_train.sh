@@ -246,7 +246,7 @@ train -o "$tmp/cap0.nectar" --steps 0 --answer-len 0 --save-self-study "$tmp/cap
     || { fail "--answer-len 0"; tail -n 3 "$tmp/log"; }
 
 # answers: the --prompt-ids lines are questions; their held-out ones get greedy rollouts (no tokenizer, so no
-# newline stop: each answer runs to --answer-len tokens) in train's JSON and table, infer --eval and --answers
+# newline stop: each answer runs to --answer-len tokens) in train's JSON and table, infer --eval's JSON and list
 awk 'BEGIN { srand(5); for (i = 0; i < 30; i++) { for (j = 0; j < 4; j++) printf "%d ", 3 + int(rand() * 290); print "" } }' \
     > "$tmp/questions.ids"
 train -o "$tmp/answers.nectar" --steps 200 --prompt-ids "$tmp/questions.ids" --answer-len 6 --json > "$tmp/answers.json" 2> "$tmp/log" || cat "$tmp/log"
@@ -262,19 +262,19 @@ train -o "$tmp/answers.nectar" --steps 200 --prompt-ids "$tmp/questions.ids" --a
 "$bin/infer" -m "$tmp/model.bin" -D "$tmp/doc.ids" -k "$tmp/answers.nectar" --eval --json > "$tmp/eval.json" 2> /dev/null
 [ "$(json "$tmp/eval.json" random answer_match)" = "$match" ] && [ "$(json "$tmp/eval.json" random answer_prefix)" = "$prefix" ] \
     && ok "infer --eval reproduces train's answer metrics" || fail "infer --eval answer metrics"
-"$bin/infer" -m "$tmp/model.bin" -D "$tmp/doc.ids" -k "$tmp/answers.nectar" --eval --answers > "$tmp/answers.list" 2> /dev/null
+"$bin/infer" -m "$tmp/model.bin" -D "$tmp/doc.ids" -k "$tmp/answers.nectar" --eval > "$tmp/answers.list" 2> /dev/null
 [ "$(grep -c '^\[' "$tmp/answers.list")" -eq "$n" ] && [ "$(grep -c '^    Nectar: ' "$tmp/answers.list")" -eq "$n" ] \
     && grep -q "^random split: Nectar's answer equals the full cache's on" "$tmp/answers.list" \
-    && ok "infer --eval --answers: each held-out task prompt, then the match" || fail "infer --eval --answers"
-"$bin/infer" -m "$tmp/model.bin" -D "$tmp/doc.ids" -k "$tmp/answers.nectar" --eval --answers --json \
+    && ok "infer --eval: each held-out task prompt, then the match" || fail "infer --eval"
+"$bin/infer" -m "$tmp/model.bin" -D "$tmp/doc.ids" -k "$tmp/answers.nectar" --eval --json \
     > "$tmp/answers_ids.json" 2> /dev/null
 python3 -c 'import json, sys
 d = json.load(open(sys.argv[1]))
 ok = all(len(d["answers"][k]) == d[k]["n_answers"] and
          sum(a["nectar"] == a["full"] for a in d["answers"][k]) == round(d[k]["answer_match"] * d[k]["n_answers"])
          for k in ("random", "challenge"))
-sys.exit(not ok)' "$tmp/answers_ids.json" && ok "infer --eval --answers --json: the answers, and the match they make" \
-    || fail "infer --eval --answers --json"
+sys.exit(not ok)' "$tmp/answers_ids.json" && ok "infer --eval --json: the answers, and the match they make" \
+    || fail "infer --eval --json"
 # the KL term's teacher logits recomputed at each step (--teacher-logits-mb 0) instead of kept: the same fit,
 # but for the last bits of the batched teacher pass against a prompt alone
 train -o "$tmp/kl_kept.nectar" --steps 30 --loss kl --json > "$tmp/kl_kept.json" 2> /dev/null
