@@ -4,7 +4,7 @@
 # on from a module file, --kl-steps does the same in one run, the oracle
 # quadrature is exact, module files fitted elsewhere are refused, and the
 # benchmark sizes quadrature modules by floor(rho n) pairs.
-# usage: tests/test_train.sh [BINDIR]   (BINDIR holds infer and train)
+# usage: tests/test_train.sh [BINDIR]   (BINDIR holds infer, train and study)
 set -u
 bin=${1:-.}
 . "$(dirname "$0")/lib.sh"
@@ -190,8 +190,8 @@ sed -n 4p "$tmp/cmp" | cmp -s - "$tmp/nectar.ids" && ok "-k alone (no document a
 # compositions: two short documents, each prefilled on its own, the second after the first; oracle modules
 # (quadrature, rho 1, at initialisation: W = K, Z = V) of each, the second fitted as a later document, stand in
 # for them exactly: the same greedy tokens as the exact composition, KL 0 and agreement 1 on each one's held-out
-# prompts; mixed (one exact, one by modules) too. The true concatenation (--joined: the second document's
-# prefill attends to the first) is another reference, and the measure sees the difference.
+# prompts; mixed (one exact, one by modules) too. The true concatenation (study --joined: the second
+# document's prefill attends to the first) is another reference, and the measure sees the difference.
 awk 'BEGIN { srand(6); for (i = 0; i < 60; i++) printf "%d ", 3 + int(rand() * 290) }' > "$tmp/first.ids"
 awk 'BEGIN { srand(7); for (i = 0; i < 50; i++) printf "%d ", 3 + int(rand() * 290) }' > "$tmp/second.ids"
 train -D "$tmp/first.ids" -o "$tmp/first.nectar" --arch quad --rho 1 --steps 0 > /dev/null 2>&1
@@ -214,8 +214,8 @@ set -- $kls; k1=${1:-1} k2=${2:-1}; set -- $agrees
 grep -q '"modules": \[{"module": ' "$tmp/eval2.json" && grep -q '"score_mse": null' "$tmp/eval2.json" && \
     is "$k1 < 1e-9 && $k2 < 1e-9 && ${1:-0} == 1 && ${2:-0} == 1" \
     && ok "--eval of a composition: each module's prompts, KL 0, agreement 1" || fail "composition --eval"
-"$bin/infer" -m "$tmp/model.bin" "${docs[@]}" -k "$tmp/first.nectar" -k "$tmp/second.nectar" --joined --eval \
-    --json > "$tmp/joined.json" 2> "$tmp/log" || cat "$tmp/log"
+"$bin/study" -m "$tmp/model.bin" "${docs[@]}" -k "$tmp/first.nectar" -k "$tmp/second.nectar" --joined --json \
+    > "$tmp/joined.json" 2> "$tmp/log" || cat "$tmp/log"
 kj=$(grep -o '"random": {[^}]*' "$tmp/joined.json" | head -n 1 | sed -E 's/.*"kl": ([-0-9.e+]+).*/\1/')
 echo "    KL(joined prefill || documents apart) on the first module's prompts: $kj"
 is "${kj:-0} > 1e-4" && ok "--joined: the true concatenation differs from documents prefilled apart" || fail "--joined: '$kj'"
@@ -225,11 +225,13 @@ expect_refusal "a first document's modules second are refused" "fitted as a firs
     "$bin/infer" -m "$tmp/model.bin" -k "$tmp/first.nectar" -k "$tmp/first.nectar" -I "$tmp/prompt.ids"
 expect_refusal "--eval of modules without their document's text is refused" "text is not given" \
     "$bin/infer" -m "$tmp/model.bin" -D "$tmp/first.ids" -k "$tmp/first.nectar" -k "$tmp/second.nectar" --eval
+expect_refusal "study of modules without their document's text is refused" "text is not given" \
+    "$bin/study" -m "$tmp/model.bin" -D "$tmp/first.ids" -k "$tmp/first.nectar" -k "$tmp/second.nectar" --stops
 expect_refusal "--joined of one document is refused" "two or more" \
-    "$bin/infer" -m "$tmp/model.bin" -D "$tmp/first.ids" -I "$tmp/prompt.ids" --joined
+    "$bin/study" -m "$tmp/model.bin" -D "$tmp/first.ids" -k "$tmp/first.nectar" --joined
 expect_refusal "--drift of two module files is refused" "one -k" \
-    "$bin/infer" -m "$tmp/model.bin" "${docs[@]}" -k "$tmp/first.nectar" -k "$tmp/second.nectar" --eval --drift 8
-expect_refusal "--joined where generation reads modules is refused" "does not read" \
+    "$bin/study" -m "$tmp/model.bin" "${docs[@]}" -k "$tmp/first.nectar" -k "$tmp/second.nectar" --drift 8
+expect_refusal "--joined where generation reads modules is refused (infer has none)" "unknown" \
     "$bin/infer" -m "$tmp/model.bin" "${docs[@]}" -k "$tmp/second.nectar" --joined -I "$tmp/prompt.ids"
 expect_refusal "documents beyond the context together are refused" "leave no room" \
     "$bin/infer" -m "$tmp/model.bin" -D "$tmp/doc.ids" -D "$tmp/doc2.ids" -I "$tmp/prompt.ids"
@@ -395,7 +397,7 @@ sys.exit(not ok)' "$tmp/near.json" "$tmp/far.json" \
     [ "$(grep -c "interval none (fewer than 2 prompts)" "$tmp/out")" = 2 ] && ! grep -qi nan "$tmp/out" \
         && ok "a one-prompt split: no interval, said in words" || { fail "a one-prompt split's interval"; cat "$tmp/out"; }
     # --drift over one held-out task: its bins have no interval either, in words and as null in JSON
-    drift=("$bin/infer" -m data/model.bin -z data/tokenizer.bin -d data/doc.txt -k "$tmp/tasks.nectar" --eval --drift 16
+    drift=("$bin/study" -m data/model.bin -z data/tokenizer.bin -d data/doc.txt -k "$tmp/tasks.nectar" --drift 16
            --drift-prompts 1)
     "${drift[@]}" > "$tmp/out" 2> "$tmp/log" && "${drift[@]}" --json > "$tmp/drift.json" 2>> "$tmp/log"
     grep -q "none (fewer than 2 prompts)" "$tmp/out" && ! grep -qi nan "$tmp/out" \
