@@ -35,7 +35,7 @@ endif
 SAN_FLAGS := -O1 -g -pthread -fopenmp-simd -fno-trapping-math -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
 .DEFAULT_GOAL := all
-PROGRAMS := infer train pretrain benchmark
+PROGRAMS := infer train pretrain benchmark study
 TESTS    := tests/test_core tests/test_qa tests/test_corpus tests/random_model tests/test_gguf tests/test_bpe \
             tests/mutants
 
@@ -61,7 +61,7 @@ demo: infer train
 	$(call fast_blas,./train) ./train -m data/model.bin -z data/tokenizer.bin -d data/doc.txt --arch mlp --rho 0.1 --qa data/doc.qa \
 	    -o $(DEMO_DIR)/demo.nectar
 	@echo; echo "document (data/doc.txt):"; cat data/doc.txt; echo; echo
-	$(call fast_blas,./infer) ./infer -m data/model.bin -z data/tokenizer.bin -d data/doc.txt -k $(DEMO_DIR)/demo.nectar --eval --answers
+	$(call fast_blas,./infer) ./infer -m data/model.bin -z data/tokenizer.bin -d data/doc.txt -k $(DEMO_DIR)/demo.nectar --eval
 
 # Nectar on a real model and a real document: SmolLM2-135M-Instruct (fetched
 # when missing) compiles the Apache-2.0 license text of this machine at rho
@@ -77,7 +77,7 @@ demo-real: real-doc infer train $(SMOLLM2)
 	@mkdir -p $(DEMO_DIR)
 	$(call fast_blas,./train) ./train -m $(SMOLLM2) -d $(REAL_DOC) --rho 0.1 --eval-tasks 24 \
 	    --qa data/qa/Apache-2.0.qa -o $(DEMO_DIR)/apache.nectar
-	$(call fast_blas,./infer) ./infer -m $(SMOLLM2) -d $(REAL_DOC) --chat -k $(DEMO_DIR)/apache.nectar --eval --answers
+	$(call fast_blas,./infer) ./infer -m $(SMOLLM2) -d $(REAL_DOC) --chat -k $(DEMO_DIR)/apache.nectar --eval
 real-doc:  # before the model is fetched
 	@test -f $(REAL_DOC) || { echo "error: $(REAL_DOC) is missing (Debian's base-files package has it)" >&2; exit 1; }
 
@@ -129,7 +129,8 @@ check-blas:
 CORE_SRC := nectar.c src/compile.c src/modfile.c src/kernels.c src/parallel.c src/util.c
 LIB_SRC  := $(CORE_SRC) src/eval.c src/qa.c src/formats.c src/gguf.c src/tokenizer.c src/tokenizer_bpe.c src/cli.c
 HEADERS  := nectar.h $(wildcard src/*.h) tools/corpus.h examples/check.h tests/gguf_walk.h src/tokenizer_bpe.c
-SRC_infer        := infer.c $(LIB_SRC)
+SRC_infer        := infer.c src/serve.c $(LIB_SRC)
+SRC_study        := tools/study.c src/serve.c $(LIB_SRC)
 SRC_train        := train.c src/selfstudy.c $(LIB_SRC)
 SRC_benchmark    := tools/bench.c $(LIB_SRC)
 SRC_pretrain     := tools/pretrain.c tools/corpus.c $(LIB_SRC)
@@ -176,7 +177,7 @@ build-gpu/%.o: %.c $(HEADERS) nectar_cuda.h | check-blas
 	$(CC) $(CFLAGS) $(GPU_CFLAGS) $(BLAS_CFLAGS) -c $< -o $@
 
 # each GPU program's own objects
-GPU_OBJ_infer     := build-gpu/infer.o
+GPU_OBJ_infer     := build-gpu/infer.o build-gpu/src/serve.o
 GPU_OBJ_train     := build-gpu/train.o build-gpu/src/selfstudy.o
 GPU_OBJ_benchmark := build-gpu/tools/bench.o
 $(GPU_PROGRAMS): build-gpu/%: $$(GPU_OBJ_%) $(GPU_LIB) nectar_cuda.o
@@ -239,7 +240,7 @@ $(EMU)/selftest: tests/cuda_emu/selftest.cu $(EMU)/cuda_emu.o
 	$(EMU_CXX) -o $@ $(EMU)/selftest.cpp $(EMU)/cuda_emu.o $(BLAS_LIBS) -lm
 
 # each emulated program's own objects, as GPU_OBJ_% above
-EMU_OBJ_infer     := $(EMU)/infer.o
+EMU_OBJ_infer     := $(EMU)/infer.o $(EMU)/src/serve.o
 EMU_OBJ_train     := $(EMU)/train.o $(EMU)/src/selfstudy.o
 EMU_OBJ_benchmark := $(EMU)/tools/bench.o
 $(EMU)/infer $(EMU)/train $(EMU)/benchmark: $(EMU)/%: $$(EMU_OBJ_%) $(EMU_LIB) $(EMU)/nectar_cuda.o $(EMU)/cuda_emu.o

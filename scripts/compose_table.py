@@ -1,20 +1,21 @@
 #!/usr/bin/env python3
 """The composition tables of docs/results.md: two documents in one request,
-measured against three references, from the JSON that infer prints.
+measured against three references, from the JSON that infer and study print.
 
     python3 scripts/compose_table.py DIR QA1 QA2
 
 DIR holds what `scripts/results.sh real-compose` writes:
-  qa-QA-MODS.json and qa-QA-MODS-joined.json   infer --qa --json, for each
-      question set QA and MODS one of both (every document by its modules),
-      first, second (one document by its modules, the other exact);
-  eval.json and eval-joined.json   infer --eval --answers --json of both
-      documents' module files.
-Without --joined the full cache is (b), each document prefilled on its own;
-with it, (a), the true concatenation (one prefill, the second document
-attending to the first). Nectar's composition is (c). (b) against (a) is the
-cost of encoding the documents apart, which Nectar inherits; (c) against (b)
-is Nectar's own.
+  qa-QA-MODS.json and qa-QA-MODS-joined.json   infer --qa --json and
+      study --joined --qa --json, for each question set QA and MODS one of
+      both (every document by its modules), first, second (one document by
+      its modules, the other exact);
+  eval.json and eval-joined.json   infer --eval --json and study --joined
+      --json of both documents' module files.
+With infer the full cache is (b), each document prefilled on its own; with
+study --joined, (a), the true concatenation (one prefill, the second
+document attending to the first). Nectar's composition is (c). (b) against
+(a) is the cost of encoding the documents apart, which Nectar inherits; (c)
+against (b) is Nectar's own.
 
 Table 1, the questions (each set asked with both documents present): the
 share of right choices of (a), (b), each Nectar composition and no document,

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The drift plot of docs/results.md: KL(full cache || model) against the
-distance from the document, from `infer --eval --drift N --json` outputs,
+distance from the document, from `study --drift N --json` outputs,
 as an SVG on stdout. A curve per input and mode: Nectar solid, no document
 dashed, one colour per input (LABEL=FILE.json, or FILE.json named by its
 file); each point at its bin's middle on a log2 axis of local tokens.

@@ -44,12 +44,12 @@
 #                                 on from the 3x fit (GPL-3: 1.5 hours)
 #   scripts/results.sh real-compose  SmolLM2: Apache-2.0, then LGPL-3 (its modules fitted as a later document):
 #                                 the questions of both and each module file's held-out prompts against the
-#                                 true concatenation (--joined) and the documents prefilled apart
+#                                 true concatenation (study --joined) and the documents prefilled apart
 #                                 (scripts/compose_table.py); about 3 hours
 #   scripts/results.sh ends       the default model, seeds 1234 and 7, with and without 32 prompts far from
-#                                 the document (--far-prompts): how far Nectar drifts (--drift 1024); 15 minutes
-#   scripts/results.sh real-ends  SmolLM2 on Apache-2.0: where answers end (infer --stops) and how far Nectar
-#                                 drifts (--drift 1024) for train's defaults (the teacher's top 32), and with 32
+#                                 the document (--far-prompts): how far Nectar drifts (study --drift 1024); 15 minutes
+#   scripts/results.sh real-ends  SmolLM2 on Apache-2.0: where answers end (study --stops) and how far Nectar
+#                                 drifts (study --drift 1024) for train's defaults (the teacher's top 32), and with 32
 #                                 prompts reaching 512 tokens past their questions (--far-prompts); 2 hours
 #   scripts/results.sh real-plain-losses [DOC]  SmolLM2 with --no-chat on LGPL-3 (or DOC, a name in
 #                                 /usr/share/common-licenses with a question set data/qa/DOC.qa), the losses
@@ -63,7 +63,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 what=${1:-capacity}
-make -s train infer pretrain benchmark
+make -s train infer pretrain benchmark study
 fast_blas=$(scripts/fast_blas.sh ./train)  # OpenBLAS's fast kernels where it would not pick them
 [ -z "$fast_blas" ] || export OPENBLAS_CORETYPE="${fast_blas#*=}"
 tmp=$(mktemp -d)
@@ -172,7 +172,7 @@ ends)
     for s in 1234 7; do for far in 0 32; do
         name="ends-$s-$far" label="default model, seed $s, $far far prompts"
         fit "$name" data/doc.txt -s $s --far-prompts $far
-        ./infer "${MODEL[@]}" -d data/doc.txt -k "$tmp/$name.nectar" --eval --drift 1024 --drift-prompts 16 \
+        ./study "${MODEL[@]}" -d data/doc.txt -k "$tmp/$name.nectar" --drift 1024 --drift-prompts 16 \
             --json > "$tmp/$name-drift.json"
         drifts+=("$label=$tmp/$name-drift.json") fits+=("$label=$tmp/$name.json")
     done; done
@@ -336,14 +336,16 @@ real-plain-losses)
                 modules=(); for k in ${mods#*:}; do modules+=(-k "$k"); done
                 for joined in "" --joined; do
                     echo "questions of $qa, ${mods%%:*} ${joined:-apart} ..." >&2
-                    ./infer "${docs[@]}" "${modules[@]}" $joined --qa data/qa/$qa.qa --json \
+                    run=(./infer); [ -z "$joined" ] || run=(./study --joined)
+                    "${run[@]}" "${docs[@]}" "${modules[@]}" --qa data/qa/$qa.qa --json \
                         > "$tmp/compose/qa-$qa-${mods%%:*}${joined:+-joined}.json"
                 done
             done
         done
         for joined in "" --joined; do
             echo "held-out prompts, ${joined:-apart} ..." >&2
-            ./infer "${docs[@]}" -k "$tmp/first.nectar" -k "$tmp/second.nectar" $joined --eval --answers --json \
+            run=(./infer --eval); [ -z "$joined" ] || run=(./study --joined)
+            "${run[@]}" "${docs[@]}" -k "$tmp/first.nectar" -k "$tmp/second.nectar" --json \
                 > "$tmp/compose/eval${joined:+-joined}.json"
         done
         python3 scripts/compose_table.py "$tmp/compose" Apache-2.0 LGPL-3 ;;
@@ -352,8 +354,8 @@ real-plain-losses)
         fit far $apache --eval-tasks 0 --far-prompts 32 --far-len 512
         for name in plain far; do
             echo "where $name's answers end, and its drift ..." >&2
-            ./infer "${MODEL[@]}" --chat -d $apache -k "$tmp/$name.nectar" --eval --stops
-            ./infer "${MODEL[@]}" --chat -d $apache -k "$tmp/$name.nectar" --eval --drift 1024 --json \
+            ./study "${MODEL[@]}" --chat -d $apache -k "$tmp/$name.nectar" --stops
+            ./study "${MODEL[@]}" --chat -d $apache -k "$tmp/$name.nectar" --drift 1024 --json \
                 > "$tmp/drift-$name.json"
         done
         python3 scripts/drift_plot.py --table "SmolLM2, Apache-2.0=$tmp/drift-plain.json" \

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Bad input must give one sentence on stderr ("error: ...") and exit status 1:
 # never a crash, a sanitizer report or a silently wrong result.
-# usage: tests/test_bad_input.sh BINDIR   (BINDIR holds infer and train, and
-#        pretrain and benchmark where it has them)
+# usage: tests/test_bad_input.sh BINDIR   (BINDIR holds infer, train and study,
+#        and pretrain and benchmark where it has them)
 set -u
 bin=${1:-.}
 . "$(dirname "$0")/lib.sh"
@@ -50,6 +50,7 @@ expect_ok "a valid run (no document)" "$bin/infer" -m $model -I "$tmp/prompt.ids
 expect_ok "a valid run (document ids)" "$bin/infer" -m $model -D "$tmp/doc.ids" -I "$tmp/prompt.ids" -n 5 -t 0
 expect_ok "a valid run (text, tokenizer)" "$bin/infer" -m $model -z $tok -i "the cat" -n 5 -t 0
 expect_ok "--help" "$bin/infer" --help
+expect_ok "study --help" "$bin/study" --help
 
 # checkpoints
 expect_error "missing model file" "$bin/infer" -m "$tmp/nothing.bin" -I "$tmp/prompt.ids"
@@ -147,15 +148,25 @@ expect_error "infer -n given twice" "$bin/infer" -m data/model.bin -I "$tmp/prom
 expect_error "train --chat and --no-chat" "$bin/train" $dm -d data/doc.txt -o "$tmp/x.nectar" --chat --no-chat
 expect_error "train --eval-tasks with --eval-tasks-from" "$bin/train" $dm -d data/doc.txt -o "$tmp/x.nectar" \
     --eval-tasks 5 --eval-tasks-from "$tmp/none.nectar"
-expect_error "infer --drift without --eval" "$bin/infer" $dm -d data/doc.txt -k "$tmp/none.nectar" --drift 10
-expect_error "infer --eval --drift 0" "$bin/infer" $dm -d data/doc.txt -k "$tmp/none.nectar" --eval --drift 0
-expect_error "infer --eval --drift-prompts without --drift" "$bin/infer" $dm -d data/doc.txt -k "$tmp/none.nectar" \
-    --eval --drift-prompts 3
-expect_error "infer --eval --drift with --answers" "$bin/infer" $dm -d data/doc.txt -k "$tmp/none.nectar" --eval \
-    --drift 10 --answers
-expect_error "infer --stops without --eval" "$bin/infer" $dm -d data/doc.txt -k "$tmp/none.nectar" --stops
-expect_error "infer --eval --stops with --drift" "$bin/infer" $dm -d data/doc.txt -k "$tmp/none.nectar" --eval \
-    --stops --drift 10
+expect_error "study without an instrument" "$bin/study" $dm -d data/doc.txt -k "$tmp/none.nectar"
+expect_error "study --drift 0" "$bin/study" $dm -d data/doc.txt -k "$tmp/none.nectar" --drift 0
+expect_error "study --drift-prompts without --drift" "$bin/study" $dm -d data/doc.txt -k "$tmp/none.nectar" \
+    --drift-prompts 3
+expect_error "study --drift-prompts 0" "$bin/study" $dm -d data/doc.txt -k "$tmp/none.nectar" --drift 10 \
+    --drift-prompts 0
+expect_error "study --stops without a module file" "$bin/study" $dm -d data/doc.txt --stops
+expect_error "study --stops with --drift" "$bin/study" $dm -d data/doc.txt -k "$tmp/none.nectar" --stops --drift 10
+expect_error "study --joined with --stops" "$bin/study" $dm -d data/doc.txt -d data/doc.txt -k "$tmp/none.nectar" \
+    --joined --stops
+expect_error "study --joined of one document" "$bin/study" $dm -d data/doc.txt -k "$tmp/none.nectar" --joined
+expect_error "study --qa without --joined" "$bin/study" $dm -d data/doc.txt -k "$tmp/none.nectar" --stops --qa data/doc.qa
+expect_error "study --chat with token ids" "$bin/study" -m tests/data/gguf_llama.gguf --chat -D "$tmp/doc.ids" \
+    -k "$tmp/none.nectar" --stops
+expect_error "study of a missing module file" "$bin/study" $dm -d data/doc.txt -k "$tmp/none.nectar" --stops
+expect_error "study --drift last, without its count" "$bin/study" $dm -d data/doc.txt -k "$tmp/none.nectar" --drift
+expect_error "study --stops given twice" "$bin/study" $dm -d data/doc.txt -k "$tmp/none.nectar" --stops --stops
+expect_error "infer --answers: --eval lists the answers" "$bin/infer" $dm -d data/doc.txt -k "$tmp/none.nectar" \
+    --eval --answers
 expect_error "train --far-len 0" "$bin/train" $dm -d data/doc.txt -o "$tmp/x.nectar" --far-prompts 2 --far-len 0
 expect_error "train --self-study of a missing file" "$bin/train" $dm -d data/doc.txt -o "$tmp/x.nectar" \
     --self-study "$tmp/none.ss"

@@ -114,7 +114,7 @@ infer_options() {
     ((RANDOM % 2)) && add -t 0 0.5 -1 nan inf x
     ((RANDOM % 3)) || add -p 0 0.9 1 2 -0.1
     ((RANDOM % 3)) || add -s 1 -5 x
-    ((RANDOM % 4)) || add_one --chat --eval --answers --ids --json --gpu -x --qa --help
+    ((RANDOM % 4)) || add_one --chat --eval --compare --ids --json --gpu -x --qa --help
     ((RANDOM % 5)) || add_one "$tmp/doc.qa" "$tmp/doc.txt" 7
 }
 train_options() {

@@ -4,7 +4,7 @@
 # on from a module file, --kl-steps does the same in one run, the oracle
 # quadrature is exact, module files fitted elsewhere are refused, and the
 # benchmark sizes quadrature modules by floor(rho n) pairs.
-# usage: tests/test_train.sh [BINDIR]   (BINDIR holds infer and train)
+# usage: tests/test_train.sh [BINDIR]   (BINDIR holds infer, train and study)
 set -u
 bin=${1:-.}
 . "$(dirname "$0")/lib.sh"
@@ -190,8 +190,8 @@ sed -n 4p "$tmp/cmp" | cmp -s - "$tmp/nectar.ids" && ok "-k alone (no document a
 # compositions: two short documents, each prefilled on its own, the second after the first; oracle modules
 # (quadrature, rho 1, at initialisation: W = K, Z = V) of each, the second fitted as a later document, stand in
 # for them exactly: the same greedy tokens as the exact composition, KL 0 and agreement 1 on each one's held-out
-# prompts; mixed (one exact, one by modules) too. The true concatenation (--joined: the second document's
-# prefill attends to the first) is another reference, and the measure sees the difference.
+# prompts; mixed (one exact, one by modules) too. The true concatenation (study --joined: the second
+# document's prefill attends to the first) is another reference, and the measure sees the difference.
 awk 'BEGIN { srand(6); for (i = 0; i < 60; i++) printf "%d ", 3 + int(rand() * 290) }' > "$tmp/first.ids"
 awk 'BEGIN { srand(7); for (i = 0; i < 50; i++) printf "%d ", 3 + int(rand() * 290) }' > "$tmp/second.ids"
 train -D "$tmp/first.ids" -o "$tmp/first.nectar" --arch quad --rho 1 --steps 0 > /dev/null 2>&1
@@ -214,8 +214,8 @@ set -- $kls; k1=${1:-1} k2=${2:-1}; set -- $agrees
 grep -q '"modules": \[{"module": ' "$tmp/eval2.json" && grep -q '"score_mse": null' "$tmp/eval2.json" && \
     is "$k1 < 1e-9 && $k2 < 1e-9 && ${1:-0} == 1 && ${2:-0} == 1" \
     && ok "--eval of a composition: each module's prompts, KL 0, agreement 1" || fail "composition --eval"
-"$bin/infer" -m "$tmp/model.bin" "${docs[@]}" -k "$tmp/first.nectar" -k "$tmp/second.nectar" --joined --eval \
-    --json > "$tmp/joined.json" 2> "$tmp/log" || cat "$tmp/log"
+"$bin/study" -m "$tmp/model.bin" "${docs[@]}" -k "$tmp/first.nectar" -k "$tmp/second.nectar" --joined --json \
+    > "$tmp/joined.json" 2> "$tmp/log" || cat "$tmp/log"
 kj=$(grep -o '"random": {[^}]*' "$tmp/joined.json" | head -n 1 | sed -E 's/.*"kl": ([-0-9.e+]+).*/\1/')
 echo "    KL(joined prefill || documents apart) on the first module's prompts: $kj"
 is "${kj:-0} > 1e-4" && ok "--joined: the true concatenation differs from documents prefilled apart" || fail "--joined: '$kj'"
@@ -225,11 +225,13 @@ expect_refusal "a first document's modules second are refused" "fitted as a firs
     "$bin/infer" -m "$tmp/model.bin" -k "$tmp/first.nectar" -k "$tmp/first.nectar" -I "$tmp/prompt.ids"
 expect_refusal "--eval of modules without their document's text is refused" "text is not given" \
     "$bin/infer" -m "$tmp/model.bin" -D "$tmp/first.ids" -k "$tmp/first.nectar" -k "$tmp/second.nectar" --eval
+expect_refusal "study of modules without their document's text is refused" "text is not given" \
+    "$bin/study" -m "$tmp/model.bin" -D "$tmp/first.ids" -k "$tmp/first.nectar" -k "$tmp/second.nectar" --stops
 expect_refusal "--joined of one document is refused" "two or more" \
-    "$bin/infer" -m "$tmp/model.bin" -D "$tmp/first.ids" -I "$tmp/prompt.ids" --joined
+    "$bin/study" -m "$tmp/model.bin" -D "$tmp/first.ids" -k "$tmp/first.nectar" --joined
 expect_refusal "--drift of two module files is refused" "one -k" \
-    "$bin/infer" -m "$tmp/model.bin" "${docs[@]}" -k "$tmp/first.nectar" -k "$tmp/second.nectar" --eval --drift 8
-expect_refusal "--joined where generation reads modules is refused" "does not read" \
+    "$bin/study" -m "$tmp/model.bin" "${docs[@]}" -k "$tmp/first.nectar" -k "$tmp/second.nectar" --drift 8
+expect_refusal "--joined where generation reads modules is refused (infer has none)" "unknown" \
     "$bin/infer" -m "$tmp/model.bin" "${docs[@]}" -k "$tmp/second.nectar" --joined -I "$tmp/prompt.ids"
 expect_refusal "documents beyond the context together are refused" "leave no room" \
     "$bin/infer" -m "$tmp/model.bin" -D "$tmp/doc.ids" -D "$tmp/doc2.ids" -I "$tmp/prompt.ids"
@@ -246,7 +248,7 @@ train -o "$tmp/cap0.nectar" --steps 0 --answer-len 0 --save-self-study "$tmp/cap
     || { fail "--answer-len 0"; tail -n 3 "$tmp/log"; }
 
 # answers: the --prompt-ids lines are questions; their held-out ones get greedy rollouts (no tokenizer, so no
-# newline stop: each answer runs to --answer-len tokens) in train's JSON and table, infer --eval and --answers
+# newline stop: each answer runs to --answer-len tokens) in train's JSON and table, infer --eval's JSON and list
 awk 'BEGIN { srand(5); for (i = 0; i < 30; i++) { for (j = 0; j < 4; j++) printf "%d ", 3 + int(rand() * 290); print "" } }' \
     > "$tmp/questions.ids"
 train -o "$tmp/answers.nectar" --steps 200 --prompt-ids "$tmp/questions.ids" --answer-len 6 --json > "$tmp/answers.json" 2> "$tmp/log" || cat "$tmp/log"
@@ -262,19 +264,19 @@ train -o "$tmp/answers.nectar" --steps 200 --prompt-ids "$tmp/questions.ids" --a
 "$bin/infer" -m "$tmp/model.bin" -D "$tmp/doc.ids" -k "$tmp/answers.nectar" --eval --json > "$tmp/eval.json" 2> /dev/null
 [ "$(json "$tmp/eval.json" random answer_match)" = "$match" ] && [ "$(json "$tmp/eval.json" random answer_prefix)" = "$prefix" ] \
     && ok "infer --eval reproduces train's answer metrics" || fail "infer --eval answer metrics"
-"$bin/infer" -m "$tmp/model.bin" -D "$tmp/doc.ids" -k "$tmp/answers.nectar" --eval --answers > "$tmp/answers.list" 2> /dev/null
+"$bin/infer" -m "$tmp/model.bin" -D "$tmp/doc.ids" -k "$tmp/answers.nectar" --eval > "$tmp/answers.list" 2> /dev/null
 [ "$(grep -c '^\[' "$tmp/answers.list")" -eq "$n" ] && [ "$(grep -c '^    Nectar: ' "$tmp/answers.list")" -eq "$n" ] \
     && grep -q "^random split: Nectar's answer equals the full cache's on" "$tmp/answers.list" \
-    && ok "infer --eval --answers: each held-out task prompt, then the match" || fail "infer --eval --answers"
-"$bin/infer" -m "$tmp/model.bin" -D "$tmp/doc.ids" -k "$tmp/answers.nectar" --eval --answers --json \
+    && ok "infer --eval: each held-out task prompt, then the match" || fail "infer --eval"
+"$bin/infer" -m "$tmp/model.bin" -D "$tmp/doc.ids" -k "$tmp/answers.nectar" --eval --json \
     > "$tmp/answers_ids.json" 2> /dev/null
 python3 -c 'import json, sys
 d = json.load(open(sys.argv[1]))
 ok = all(len(d["answers"][k]) == d[k]["n_answers"] and
          sum(a["nectar"] == a["full"] for a in d["answers"][k]) == round(d[k]["answer_match"] * d[k]["n_answers"])
          for k in ("random", "challenge"))
-sys.exit(not ok)' "$tmp/answers_ids.json" && ok "infer --eval --answers --json: the answers, and the match they make" \
-    || fail "infer --eval --answers --json"
+sys.exit(not ok)' "$tmp/answers_ids.json" && ok "infer --eval --json: the answers, and the match they make" \
+    || fail "infer --eval --json"
 # the KL term's teacher logits recomputed at each step (--teacher-logits-mb 0) instead of kept: the same fit,
 # but for the last bits of the batched teacher pass against a prompt alone
 train -o "$tmp/kl_kept.nectar" --steps 30 --loss kl --json > "$tmp/kl_kept.json" 2> /dev/null
@@ -395,7 +397,7 @@ sys.exit(not ok)' "$tmp/near.json" "$tmp/far.json" \
     [ "$(grep -c "interval none (fewer than 2 prompts)" "$tmp/out")" = 2 ] && ! grep -qi nan "$tmp/out" \
         && ok "a one-prompt split: no interval, said in words" || { fail "a one-prompt split's interval"; cat "$tmp/out"; }
     # --drift over one held-out task: its bins have no interval either, in words and as null in JSON
-    drift=("$bin/infer" -m data/model.bin -z data/tokenizer.bin -d data/doc.txt -k "$tmp/tasks.nectar" --eval --drift 16
+    drift=("$bin/study" -m data/model.bin -z data/tokenizer.bin -d data/doc.txt -k "$tmp/tasks.nectar" --drift 16
            --drift-prompts 1)
     "${drift[@]}" > "$tmp/out" 2> "$tmp/log" && "${drift[@]}" --json > "$tmp/drift.json" 2>> "$tmp/log"
     grep -q "none (fewer than 2 prompts)" "$tmp/out" && ! grep -qi nan "$tmp/out" \
