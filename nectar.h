@@ -514,9 +514,11 @@ int backward(const Model *m, RunState *s, const Document *doc, const int *tokens
 
 /* The modules of a document within the budget: rho * 2 n d parameters per
  * (layer, KV head), times the layer's multiplier (layer_mult (L), averaging
- * 1; NULL: 1 everywhere). Sets every field the forward and the module file
- * need (n_doc, rho, both fingerprints, and `model`'s and `cache`'s shape),
- * with gradients when with_grads. 0, or -1 with a sentence when a layer gets
+ * 1; NULL: 1 everywhere). Sets every field the forward needs and the
+ * module file's budget and fingerprints (n_doc, rho, both fingerprints,
+ * `model`'s and `cache`'s shape), with gradients when with_grads; what the
+ * caller knows of the document's framing (chat, later) and the held-out
+ * prompts it keeps (heldout) stay 0 until set. 0, or -1 with a sentence when a layer gets
  * no room (or, for quadrature, more pairs than the document has). */
 int moduleset_for_budget(ModuleSet *ms, const Model *m, const DocCache *cache, ModuleArch arch, float rho,
                          int Db, int Ds, int Dt, const float *layer_mult, int with_grads);
@@ -655,11 +657,15 @@ enum { FIT_DIVERGED = -2 };
 
 /* Sets up a fit of ms (moduleset_for_budget'd with gradients, and
  * initialised) on td's targets over `prompts`, doc the exact document,
- * on `backend` (NULL: the CPU). */
-void fit_begin(Fit *f, const Model *m, ModuleSet *ms, const TeacherData *td, const PromptSet *prompts,
+ * on `backend` (NULL: the CPU). 0, or -1 with a sentence (no training
+ * positions, no gradients, a batch below 1, kl_prompts outside
+ * 1..MAX_KL_PROMPTS with a KL term); fit_end is safe after either, and on
+ * a zeroed Fit. */
+enum { MAX_KL_PROMPTS = 64 };
+int  fit_begin(Fit *f, const Model *m, ModuleSet *ms, const TeacherData *td, const PromptSet *prompts,
                const Document *doc, const FitOptions *o, const FitBackend *backend);
 /* Runs the fit's steps from f->step up to last_step (at most
- * o.steps + o.kl_steps), on the backend's device from start to finish
+ * o.steps + o.kl_steps: more is refused), on the backend's device from start to finish
  * (the modules on the host after it). The batches depend only on (seed, the stage's
  * step), so a fit stopped and continued (f->step and the moments restored)
  * draws the same ones. 0; FIT_DIVERGED when the loss or the gradient norm

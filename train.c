@@ -306,7 +306,7 @@ static const char *check_options(const Options *o) {
         o->warmup_fraction >= 1)
         return "need --lr > 0, --kl-lr > 0, --wd >= 0 and --warmup in [0, 1)";
     if (o->lambda_alpha < 0 || o->lambda_A < 0 || o->lambda_kl < 0) return "the loss weights must be >= 0";
-    if (o->kl_prompts < 1 || o->kl_prompts > 64) return "--kl-prompts must be in 1..64";
+    if (o->kl_prompts < 1 || o->kl_prompts > MAX_KL_PROMPTS) return "--kl-prompts must be in 1..64";
     if (o->stop_after > 0 && !o->checkpoint_path) return "--stop-after needs --checkpoint, or the fit is lost";
     if (o->init_path && o->resume_path) return "--init and --resume both give the modules to start from; give one";
     if (o->eval_tasks_from && o->eval_tasks != NOT_GIVEN)
@@ -1041,8 +1041,8 @@ static void print_divergence(const Options *o, const Fit *f) {
  * *stopped when that is before the end. */
 static int fit_run(const Options *o, const FitBackend *backend, Run *r, double *fit_seconds, int *stopped) {
     FitOptions fo = fit_options(o);
-    fit_begin(&r->fit, &r->in.model, &r->ms, &r->td, &r->all, &r->in.doc, &fo, backend);
-    FitProgress progress = {o, run_fingerprint(o, &r->in, &r->all), 0, 0, 0, 0, -1, 0};
+    if (fit_begin(&r->fit, &r->in.model, &r->ms, &r->td, &r->all, &r->in.doc, &fo, backend) != 0) return -1;
+    FitProgress progress = {.o = o, .run_hash = run_fingerprint(o, &r->in, &r->all), .stage = -1};
     if (o->resume_path && resume(o, &r->fit, progress.run_hash) != 0) return -1;
     int last_step = o->stop_after > 0 && o->stop_after < total_steps(o) ? o->stop_after : total_steps(o);
     progress.t_fit = progress.t_step = now_seconds();
@@ -1092,5 +1092,8 @@ int main(int argc, char **argv) {
         promptset_free(&fitted);
     }
     run_free(&r);
+#ifdef NECTAR_CUDA
+    if (o.gpu) nectar_cuda_free();
+#endif
     return rc != 0;
 }

@@ -115,6 +115,25 @@ static void compare_generations(const Model *m, const Document *docs[3], const P
     }
 }
 
+/* The held-out prompts after the exact document, the modules and no
+ * document: the KL from the exact one's distribution, and greedy tokens. */
+static void compare_documents(const Model *m, const Document *exact, const Document *nectar, const PromptSet *p,
+                              const unsigned char *is_train) {
+    double kl_nectar = held_out_kl(m, exact, nectar, p, is_train);
+    double kl_nodoc = held_out_kl(m, exact, &NO_DOCUMENT, p, is_train);
+    printf("held-out KL(exact || Nectar) %.4f, KL(exact || no document) %.4f: %.3fx\n", kl_nectar, kl_nodoc,
+           kl_nectar / kl_nodoc);
+    const Document *docs[3] = {exact, nectar, &NO_DOCUMENT};
+    int first[2], whole[2];
+    printf("greedy tokens after the first held-out prompts:\n");
+    compare_generations(m, docs, p, is_train, first, whole);
+    printf("the exact document's first token: Nectar %d, no document %d; its %d tokens: Nectar %d, no document %d\n",
+           first[0], first[1], N_GENERATE, whole[0], whole[1]);
+    check("the document matters (KL with no document > 0.05)", kl_nodoc > 0.05);
+    check("Nectar's KL is under half of no document's", kl_nectar < 0.5 * kl_nodoc);
+    check("Nectar's first token is the exact one's more often than no document's", first[0] > first[1]);
+}
+
 int main(int argc, char **argv) {
     const char *path = argc > 1 ? argv[1] : "compiled.nectar";
     Config c = {64, 172, 2, 4, 2, 96, 512, LLAMA2C_ROPE_THETA, LLAMA2C_NORM_EPS};
@@ -146,7 +165,7 @@ int main(int argc, char **argv) {
                               .kl_lr = 3e-3f, .warmup_fraction = 0.05f, .lambda_alpha = 0.1f, .lambda_A = 1,
                               .seed = 4};
     Fit fit;
-    fit_begin(&fit, &m, &modules, &teacher, &prompts, &exact, &fit_options, NULL);
+    if (fit_begin(&fit, &m, &modules, &teacher, &prompts, &exact, &fit_options, NULL) != 0) return 1;
     int rc = fit_steps(&fit, fit_options.steps + fit_options.kl_steps, print_fit, NULL);
     fit_end(&fit);
     if (rc != 0) return 1;
@@ -158,22 +177,9 @@ int main(int argc, char **argv) {
     Document nectar = {DOC_NECTAR, N_DOC, NULL, &loaded, NULL};
 
     /* 6. the held-out prompts: exact against Nectar against no document */
-    double kl_nectar = held_out_kl(&m, &exact, &nectar, &prompts, is_train);
-    double kl_nodoc = held_out_kl(&m, &exact, &NO_DOCUMENT, &prompts, is_train);
-    printf("held-out KL(exact || Nectar) %.4f, KL(exact || no document) %.4f: %.3fx\n", kl_nectar, kl_nodoc,
-           kl_nectar / kl_nodoc);
-    const Document *docs[3] = {&exact, &nectar, &NO_DOCUMENT};
-    int first[2], whole[2];
-    printf("greedy tokens after the first held-out prompts:\n");
-    compare_generations(&m, docs, &prompts, is_train, first, whole);
-    printf("the exact document's first token: Nectar %d, no document %d; its %d tokens: Nectar %d, no document %d\n",
-           first[0], first[1], N_GENERATE, whole[0], whole[1]);
-
     check("the module file reads back the fitted parameters",
           !memcmp(loaded.params, modules.params, modules.n_params * sizeof(float)));
-    check("the document matters (KL with no document > 0.05)", kl_nodoc > 0.05);
-    check("Nectar's KL is under half of no document's", kl_nectar < 0.5 * kl_nodoc);
-    check("Nectar's first token is the exact one's more often than no document's", first[0] > first[1]);
+    compare_documents(&m, &exact, &nectar, &prompts, is_train);
     printf("%d passed, %d failed\n", n_passed, n_failed);
     teacherdata_free(&teacher);
     moduleset_free(&modules); moduleset_free(&loaded);

@@ -20,6 +20,7 @@ int moduleset_for_budget(ModuleSet *ms, const Model *m, const DocCache *cache, M
                          int Db, int Ds, int Dt, const float *layer_mult, int with_grads) {
     const Config *c = &m->config;
     int L = c->n_layers, G = c->n_kv_heads, d = c->dim / c->n_heads, n_doc = cache->n;
+    memset(ms, 0, sizeof(*ms));
     int *sizes = xmalloc(L * sizeof(int)), rc = -1;  /* (L) width or pairs per layer */
     for (int l = 0; l < L; l++) {
         double mult = layer_mult ? layer_mult[l] : 1.0;
@@ -55,7 +56,6 @@ size_t teacher_alloc(TeacherData *td, const Config *c, const PromptSet *p, const
     int L = c->n_layers, D = c->dim, H = c->n_heads;
     FitTargets *f = &td->fit;
     memset(td, 0, sizeof(*td));
-    td->top_k = top_k;
     td->prompt = xmalloc(p->n_prompts * sizeof(int));
     td->start = xmalloc(p->n_prompts * sizeof(long));
     for (int i = 0; i < p->n_prompts; i++) {
@@ -67,6 +67,7 @@ size_t teacher_alloc(TeacherData *td, const Config *c, const PromptSet *p, const
     size_t logit_bytes = top_k ? (size_t)f->P * (top_k * (sizeof(int) + sizeof(float)) + sizeof(float))
                                : (size_t)f->P * c->vocab_size * sizeof(float);
     int keep_logits = want_logits && (top_k || logit_bytes <= logits_budget);
+    td->top_k = keep_logits ? top_k : 0;
     f->q = xmalloc((size_t)L * f->P * D * sizeof(uint16_t));
     f->A = xmalloc((size_t)L * f->P * D * sizeof(uint16_t));
     f->alpha = xmalloc((size_t)L * f->P * H * sizeof(float));
@@ -156,8 +157,9 @@ int teacher_pass(const Model *m, const Document *doc, const PromptSet *p, const 
  * 1 / rms(q), per (layer, KV head). */
 static void mlp_init_from_teacher(ModuleSet *ms, const FitTargets *targets, const Config *c, uint64_t seed) {
     int L = c->n_layers, G = c->n_kv_heads, H = c->n_heads, D = c->dim, d = D / H, group = H / G;
-    float *mean_a = xmalloc((size_t)L * G * sizeof(float)), *mean_A = xmalloc((size_t)L * G * d * sizeof(float));
-    double *sA = xmalloc(d * sizeof(double));
+    float *mean_a = xmalloc((size_t)L * G * sizeof(float));      /* (L, G) */
+    float *mean_A = xmalloc((size_t)L * G * d * sizeof(float));  /* (L, G, d) */
+    double *sA = xmalloc(d * sizeof(double));                    /* (d) */
     for (int l = 0; l < L; l++)
         for (int g = 0; g < G; g++) {
             double sa = 0, sq = 0;
@@ -200,7 +202,8 @@ int fit_uses_kl(const FitOptions *o) { return o->lambda_kl > 0 || o->kl_steps > 
  * per position) can be weighed against them. */
 static void regression_normalisers(const FitTargets *t, const Config *c, double *var_alpha, double *var_A) {
     int L = c->n_layers, G = c->n_kv_heads, H = c->n_heads, D = c->dim, d = D / H, group = H / G;
-    double *sA = xmalloc(d * sizeof(double)), *sAA = xmalloc(d * sizeof(double)), count = (double)t->P * group;
+    double *sA = xmalloc(d * sizeof(double)), *sAA = xmalloc(d * sizeof(double));  /* (d) sums of A_k, A_k^2 */
+    double count = (double)t->P * group;
     *var_alpha = *var_A = 0;
     for (int l = 0; l < L; l++)
         for (int g = 0; g < G; g++) {
@@ -298,10 +301,25 @@ const FitBackend *fit_backend_cpu(void) { return &CPU_FIT; }
 /* ------------------------------------------------------------------------ */
 /* The fit: one loop, on the CPU or the GPU                                 */
 
-void fit_begin(Fit *f, const Model *m, ModuleSet *ms, const TeacherData *td, const PromptSet *prompts,
-               const Document *doc, const FitOptions *o, const FitBackend *backend) {
+/* NULL, or why a fit of these settings and data cannot run. */
+static const char *fit_problem(const ModuleSet *ms, const TeacherData *td, const FitOptions *o) {
+    if (td->n_train < 1 || td->fit.P < 1) return "there are no training positions";
+    if (!ms->grads) return "the modules have no gradients (moduleset_for_budget with_grads)";
+    if (o->batch < 1 || o->steps < 0 || o->kl_steps < 0) return "the batch must be at least 1, the steps at least 0";
+    if (fit_uses_kl(o) && (o->kl_prompts < 1 || o->kl_prompts > MAX_KL_PROMPTS))
+        return "kl_prompts must be in 1..MAX_KL_PROMPTS with a KL term";
+    return NULL;
+}
+
+int fit_begin(Fit *f, const Model *m, ModuleSet *ms, const TeacherData *td, const PromptSet *prompts,
+              const Document *doc, const FitOptions *o, const FitBackend *backend) {
     const Config *c = &m->config;
     memset(f, 0, sizeof(*f));
+    const char *why = fit_problem(ms, td, o);
+    if (why) {
+        fprintf(stderr, "error: cannot fit: %s\n", why);
+        return -1;
+    }
     f->o = *o;
     f->backend = backend ? backend : &CPU_FIT;
     f->model = m; f->ms = ms; f->td = td; f->prompts = prompts; f->doc = doc;
@@ -316,6 +334,7 @@ void fit_begin(Fit *f, const Model *m, ModuleSet *ms, const TeacherData *td, con
     int max_len = promptset_max_len(prompts);
     if (fit_uses_kl(o)) f->dlogits = xmalloc((size_t)max_len * c->vocab_size * sizeof(float));
     if (fit_uses_kl(o) && !td->logits && !td->top_k) runstate_alloc(&f->teacher, m, doc, max_len, max_len);
+    return 0;
 }
 
 /* The KL term over kl_prompts training prompts drawn from rng, each
@@ -324,7 +343,7 @@ void fit_begin(Fit *f, const Model *m, ModuleSet *ms, const TeacherData *td, con
 static int kl_terms(Fit *f, const Stage *stage, uint64_t *rng, double *loss) {
     const TeacherData *td = f->td;
     const PromptSet *all = f->prompts;
-    int pick[64], positions = 0, V = f->model->config.vocab_size;  /* (kl_prompts) */
+    int pick[MAX_KL_PROMPTS], positions = 0, V = f->model->config.vocab_size;  /* (kl_prompts) */
     for (int k = 0; k < f->o.kl_prompts; k++) {
         pick[k] = rng_u32(rng) % td->n_train;
         int i = td->prompt[pick[k]];
@@ -369,6 +388,10 @@ static int fit_step(Fit *f, FitStatus *st) {
 }
 
 int fit_steps(Fit *f, int last_step, FitProgressFn progress, void *user) {
+    if (last_step > f->o.steps + f->o.kl_steps) {
+        fprintf(stderr, "error: the fit has %d steps, not %d\n", f->o.steps + f->o.kl_steps, last_step);
+        return -1;
+    }
     f->backend->start(f);
     int rc = 0;
     while (f->step < last_step && rc == 0) {

@@ -1802,6 +1802,61 @@ static void test_module_file_keeps_answer_parts(void) {
     moduleset_free(&s);
 }
 
+/* The library's fit (src/compile.c): one fit_steps call to the end gives
+ * the bits of the same fit in three calls (a stage boundary inside one),
+ * and what it cannot run is refused with a sentence, not a crash. */
+static void test_fit_in_pieces_equals_one_call(void) {
+    printf("the fit of the library, in pieces and at once\n");
+    Model m;
+    model_init_random(&m, small_gqa, 1, 21, 0.1f);
+    enum { NDOC = 48, NPROMPTS = 6, LEN = 10 };
+    int doc[NDOC], offsets[NPROMPTS + 1] = {0}, tokens[NPROMPTS * LEN];
+    unsigned char is_train[NPROMPTS] = {1, 1, 1, 1, 1, 0}, split[NPROMPTS] = {0};
+    uint64_t rng = 22;
+    for (int i = 0; i < NDOC; i++) doc[i] = rng_u32(&rng) % m.config.vocab_size;
+    for (int i = 0; i < NPROMPTS * LEN; i++) tokens[i] = doc[i % NDOC];
+    for (int i = 0; i < NPROMPTS; i++) offsets[i + 1] = (i + 1) * LEN;
+    PromptSet prompts = {.n_prompts = NPROMPTS, .offsets = offsets, .tokens = tokens, .split = split};
+    DocCache cache;
+    doccache_build(&cache, &m, doc, NDOC, 16);
+    Document exact = {DOC_EXACT, NDOC, &cache, NULL, NULL};
+    TeacherData td;
+    teacher_alloc(&td, &m.config, &prompts, is_train, 1, 0, 1 << 20);
+    teacher_pass(&m, &exact, &prompts, is_train, &td, NULL, NULL, NULL);
+    FitOptions o = {.steps = 12, .kl_steps = 6, .batch = 8, .kl_prompts = 2, .lr = 1e-2f, .kl_lr = 1e-3f,
+                    .warmup_fraction = 0.1f, .lambda_alpha = 0.1f, .lambda_A = 1, .lambda_kl = 0.5f, .seed = 5};
+    ModuleSet ms[2];
+    Fit fit;
+    for (int k = 0; k < 2; k++) {
+        moduleset_for_budget(&ms[k], &m, &cache, ARCH_MLP, 0.5f, 1, 1, 1, NULL, 1);
+        moduleset_init(&ms[k], &td.fit, &cache, &m.config, 3);
+        fit_begin(&fit, &m, &ms[k], &td, &prompts, &exact, &o, NULL);
+        int rc = k == 0 ? fit_steps(&fit, 18, NULL, NULL)
+                        : fit_steps(&fit, 5, NULL, NULL) | fit_steps(&fit, 14, NULL, NULL) | fit_steps(&fit, 18, NULL, NULL);
+        check(k == 0 ? "18 steps in one call" : "18 steps in calls to 5, 14 and 18", rc == 0 && fit.step == 18);
+        fit_end(&fit);
+    }
+    check("the same modules, bit for bit", !memcmp(ms[0].params, ms[1].params, ms[0].n_params * sizeof(float)));
+    printf("    (refusals expected below)\n");
+    fit_begin(&fit, &m, &ms[0], &td, &prompts, &exact, &o, NULL);
+    check("a step past the fit's last is refused", fit_steps(&fit, 19, NULL, NULL) == -1 && fit.step == 0);
+    fit_end(&fit);
+    FitOptions many = o;
+    many.kl_prompts = MAX_KL_PROMPTS + 1;
+    check("more KL prompts than MAX_KL_PROMPTS are refused", fit_begin(&fit, &m, &ms[0], &td, &prompts, &exact,
+                                                                          &many, NULL) == -1);
+    fit_end(&fit);
+    ModuleSet no_grads;
+    moduleset_for_budget(&no_grads, &m, &cache, ARCH_MLP, 0.5f, 1, 1, 1, NULL, 0);
+    check("modules without gradients are refused", fit_begin(&fit, &m, &no_grads, &td, &prompts, &exact, &o,
+                                                                NULL) == -1);
+    fit_end(&fit);
+    moduleset_free(&no_grads); moduleset_free(&ms[0]); moduleset_free(&ms[1]);
+    teacherdata_free(&td);
+    doccache_free(&cache);
+    model_free(&m);
+}
+
 int main(void) {
     test_exp_fast_matches_exp();
     test_merge_splits_attention_exactly();
@@ -1836,6 +1891,7 @@ int main(void) {
     test_answer_metrics_match_definitions("a document of BOS alone, oracle modules", 1, 0.0f, 1);
     test_module_file_keeps_answer_parts();
     test_drift_bins_with_oracle_modules();
+    test_fit_in_pieces_equals_one_call();
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;
 }
