@@ -71,10 +71,14 @@ trap 'rm -rf "$tmp"' EXIT
 # value of "key" inside the "split" object of a one-line JSON file
 json() { sed -E "s/.*\"$2\": \{([^}]*)\}.*/\1/; s/.*\"$3\": ([-0-9.e+]+).*/\1/" "$1"; }
 MODEL=(-m data/model.bin -z data/tokenizer.bin)
-fit() {  # fit NAME DOC.txt ARGS...: train with the defaults, JSON into $tmp/NAME.json
-    local name=$1 doc=$2; shift 2
+# fit NAME DOC.txt ARGS...: train's run with its defaults (./study fit: it takes the study options too), JSON
+# into $tmp/NAME.json; 100 evaluation-only tasks where ARGS give none and the recipe is not the large plain one
+# (the tables were made when 100 was the chat recipe's default too)
+fit() {
+    local name=$1 doc=$2 tasks=(--eval-tasks 100); shift 2
+    case " $* " in *" --eval-tasks "*|*" --eval-tasks-from "*|*" --self-study "*|*" --no-chat "*) tasks=() ;; esac
     echo "fitting $name ..." >&2
-    ./train "${MODEL[@]}" -d "$doc" -o "$tmp/$name.nectar" --json "$@" \
+    ./study fit "${MODEL[@]}" -d "$doc" -o "$tmp/$name.nectar" --json "${tasks[@]}" "$@" \
         > "$tmp/$name.json" 2> "$tmp/$name.log" || { cat "$tmp/$name.log" >&2; exit 1; }
 }
 # greedy answer (token ids, to the first newline, id 13) of infer ARGS... to the prompt $prompt

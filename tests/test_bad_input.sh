@@ -51,6 +51,7 @@ expect_ok "a valid run (document ids)" "$bin/infer" -m $model -D "$tmp/doc.ids" 
 expect_ok "a valid run (text, tokenizer)" "$bin/infer" -m $model -z $tok -i "the cat" -n 5 -t 0
 expect_ok "--help" "$bin/infer" --help
 expect_ok "study --help" "$bin/study" --help
+expect_ok "study fit --help" "$bin/study" fit --help
 
 # checkpoints
 expect_error "missing model file" "$bin/infer" -m "$tmp/nothing.bin" -I "$tmp/prompt.ids"
@@ -145,8 +146,10 @@ expect_error "infer -z beside a GGUF model" "$bin/infer" -m tests/data/gguf_llam
 expect_error "train -z beside a GGUF model" "$bin/train" -m tests/data/gguf_llama.gguf -z data/tokenizer.bin \
     -d data/doc.txt -o "$tmp/x.nectar"
 expect_error "infer -n given twice" "$bin/infer" -m data/model.bin -I "$tmp/prompt.ids" -n 3 -n 4
-expect_error "train --chat and --no-chat" "$bin/train" $dm -d data/doc.txt -o "$tmp/x.nectar" --chat --no-chat
-expect_error "train --eval-tasks with --eval-tasks-from" "$bin/train" $dm -d data/doc.txt -o "$tmp/x.nectar" \
+expect_error "train --batch (a study option)" "$bin/train" $dm -d data/doc.txt -o "$tmp/x.nectar" --batch 8
+expect_error "train --eval-train (a study option)" "$bin/train" $dm -d data/doc.txt -o "$tmp/x.nectar" --eval-train
+expect_error "study fit --chat and --no-chat" "$bin/study" fit $dm -d data/doc.txt -o "$tmp/x.nectar" --chat --no-chat
+expect_error "study fit --eval-tasks with --eval-tasks-from" "$bin/study" fit $dm -d data/doc.txt -o "$tmp/x.nectar" \
     --eval-tasks 5 --eval-tasks-from "$tmp/none.nectar"
 expect_error "study without an instrument" "$bin/study" $dm -d data/doc.txt -k "$tmp/none.nectar"
 expect_error "study --drift 0" "$bin/study" $dm -d data/doc.txt -k "$tmp/none.nectar" --drift 0
@@ -167,8 +170,8 @@ expect_error "study --drift last, without its count" "$bin/study" $dm -d data/do
 expect_error "study --stops given twice" "$bin/study" $dm -d data/doc.txt -k "$tmp/none.nectar" --stops --stops
 expect_error "infer --answers: --eval lists the answers" "$bin/infer" $dm -d data/doc.txt -k "$tmp/none.nectar" \
     --eval --answers
-expect_error "train --far-len 0" "$bin/train" $dm -d data/doc.txt -o "$tmp/x.nectar" --far-prompts 2 --far-len 0
-expect_error "train --self-study of a missing file" "$bin/train" $dm -d data/doc.txt -o "$tmp/x.nectar" \
+expect_error "study fit --far-len 0" "$bin/study" fit $dm -d data/doc.txt -o "$tmp/x.nectar" --far-prompts 2 --far-len 0
+expect_error "study fit --self-study of a missing file" "$bin/study" fit $dm -d data/doc.txt -o "$tmp/x.nectar" \
     --self-study "$tmp/none.ss"
 expect_error "benchmark -m given twice" "$bin/benchmark" -m data/model.bin -m data/model.bin
 expect_error "pretrain --steps given twice" "$bin/pretrain" -o "$tmp/p" --steps 1 --steps 2
@@ -186,27 +189,27 @@ expect_error "infer --qa last, without its file" "$bin/infer" $dm -d data/doc.tx
 expect_error "infer --qa of a missing file" "$bin/infer" $dm -d data/doc.txt --qa "$tmp/none.qa"
 expect_error "train --qa of a bad file, before 10^6 steps" "$bin/train" $dm -d data/doc.txt -o "$tmp/x.nectar" \
     --steps 1000000 --qa "$tmp/noright.qa"
-expect_error "train --lambda-A nan" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --lambda-A nan
-expect_error "train --lambda-kl -1" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --lambda-kl -1
+expect_error "study fit --lambda-A nan" "$bin/study" fit -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --lambda-A nan
+expect_error "study fit --lambda-kl -1" "$bin/study" fit -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --lambda-kl -1
 expect_error "train --lr inf" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --lr inf
-expect_error "train --kl-top-k 301 (vocabulary 300)" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --kl-top-k 301
-expect_error "train --kl-top-k -1" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --kl-top-k -1
+expect_error "study fit --kl-top-k 301 (vocabulary 300)" "$bin/study" fit -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --kl-top-k 301
+expect_error "study fit --kl-top-k -1" "$bin/study" fit -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --kl-top-k -1
 expect_error "train --kl-steps -1" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --kl-steps -1
 expect_error "train --steps -2147483648 (not read as left out)" "$bin/train" -m $model -D "$tmp/doc.ids" \
     -o "$tmp/x.nectar" --steps -2147483648
-expect_error "train --kl-lr 0" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --kl-steps 5 --kl-lr 0
-expect_error "train --kl-lr without --kl-steps" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --kl-lr 1e-3
+expect_error "study fit --kl-lr 0" "$bin/study" fit -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --kl-steps 5 --kl-lr 0
+expect_error "study fit --kl-lr without --kl-steps" "$bin/study" fit -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --kl-lr 1e-3
 expect_error "train --steps + --kl-steps beyond int" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" \
     --steps 2147483647 --kl-steps 1
 echo "4294967301 10 11 12" > "$tmp/wide.ids"
-expect_error "train prompt id beyond int" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" \
+expect_error "study fit prompt id beyond int" "$bin/study" fit -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" \
     --prompt-ids "$tmp/wide.ids" --prompt-len 8 --steps 1
-expect_error "train --depths whose sum overflows" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" \
+expect_error "study fit --depths whose sum overflows" "$bin/study" fit -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" \
     --depths 2147483647,2147483647,3
-expect_error "train --depths with junk after" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --depths 1,1,1x
-expect_error "train --batch x heads beyond int" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" \
+expect_error "study fit --depths with junk after" "$bin/study" fit -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --depths 1,1,1x
+expect_error "study fit --batch x heads beyond int" "$bin/study" fit -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" \
     --batch 1000000000
-expect_error "train --stop-after -1" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --stop-after -1 \
+expect_error "study fit --stop-after -1" "$bin/study" fit -m $model -D "$tmp/doc.ids" -o "$tmp/x.nectar" --stop-after -1 \
     --checkpoint "$tmp/ck"
 expect_error "train -o a directory" "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp"
 # no input is ever overwritten, and an output that cannot be written is found before any step (each run below
@@ -217,7 +220,7 @@ ln -sf "$tmp/keep.ids" "$tmp/link.ids"
 expect_error "train -o the document (-D)" "$bin/train" -m $model -D "$tmp/keep.ids" -o "$tmp/keep.ids" $long
 expect_error "train -o the document, through a link" "$bin/train" -m $model -D "$tmp/link.ids" -o "$tmp/keep.ids" $long
 expect_error "train -o the model" "$bin/train" -m $model -D "$tmp/doc.ids" -o $model $long
-expect_error "train -o the --prompt-ids file" "$bin/train" -m $model -D "$tmp/doc.ids" --prompt-ids "$tmp/keep.ids" \
+expect_error "study fit -o the --prompt-ids file" "$bin/study" fit -m $model -D "$tmp/doc.ids" --prompt-ids "$tmp/keep.ids" \
     -o "$tmp/keep.ids" $long
 expect_error "train --checkpoint the document" "$bin/train" -m $model -D "$tmp/keep.ids" -o "$tmp/x.nectar" \
     --checkpoint "$tmp/keep.ids" $long

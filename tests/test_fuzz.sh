@@ -9,7 +9,7 @@
 #     something else;
 #   - a module file or a self-study file changed anywhere is refused (its checksum);
 #   - train never changes one of its inputs.
-# usage: tests/test_fuzz.sh BINDIR   (BINDIR holds infer and train; tests/mutants is built)
+# usage: tests/test_fuzz.sh BINDIR   (BINDIR holds infer and study; tests/mutants is built)
 set -u
 bin=${1:-.}
 . "$(dirname "$0")/lib.sh"
@@ -79,7 +79,7 @@ echo "1 20 30 40" > "$tmp/prompt.ids"
 seq 3 42 | tr '\n' ' ' > "$tmp/doc.ids"
 printf 'The cat sat on the mat. The dog sat on the log.\n' > "$tmp/doc.txt"
 quick=(--prompt-len 16 --n-prompts 6 --tasks 0 --eval-tasks 0 --steps 3 --rho 0.5)
-"$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/good.nectar" "${quick[@]}" --save-self-study "$tmp/good.ss" \
+"$bin/study" fit -m $model -D "$tmp/doc.ids" -o "$tmp/good.nectar" "${quick[@]}" --save-self-study "$tmp/good.ss" \
     > /dev/null 2>&1 || { echo "  FAIL: the module file to corrupt was not made"; exit 1; }
 cp "$tmp/good.nectar" "$tmp/old.nectar"
 
@@ -93,7 +93,7 @@ done
 fuzz_files bytes "$tmp/good.nectar" 2 300 "module file" refused \
     "$bin/infer" -m $model -k @ -I "$tmp/prompt.ids" -n 6 -t 0 --ids
 fuzz_files bytes "$tmp/good.ss" 5 100 "self-study file" refused \
-    "$bin/train" -m $model -D "$tmp/doc.ids" -o "$tmp/out.nectar" --self-study @ --prompt-len 16 --steps 3 --rho 0.5
+    "$bin/study" fit -m $model -D "$tmp/doc.ids" -o "$tmp/out.nectar" --self-study @ --prompt-len 16 --steps 3 --rho 0.5
 fuzz_files bytes $model 3 100 "llama2.c checkpoint" clean "$bin/infer" -m @ -I "$tmp/prompt.ids" -n 6 -t 0 --ids
 fuzz_files bytes $tok 4 100 "tokenizer.bin" clean "$bin/infer" -m $model -z @ -i "the cat" -n 6 -t 0 --ids
 
@@ -118,7 +118,7 @@ infer_options() {
     ((RANDOM % 5)) || add_one "$tmp/doc.qa" "$tmp/doc.txt" 7
 }
 train_options() {
-    line=("$bin/train" "${quick[@]:0:8}")   # prompt length, prompts, tasks, evaluation tasks
+    line=("$bin/study" fit "${quick[@]:0:8}")   # train's run with the study options: prompt length, prompts, tasks, evaluation tasks
     ((RANDOM % 4)) && add -m $model $model "$tmp/gguf_llama.gguf" "$tmp/doc.txt" "$tmp"
     ((RANDOM % 4)) && { add_one -d -D; add_one "$tmp/doc.txt" "$tmp/doc.ids" "$tmp" "$tmp/none"; }
     ((RANDOM % 5)) && add -o "$tmp/out.nectar" "$tmp/out.nectar" "$tmp/doc.txt" "$tmp/doc.ids" "$tmp/old.nectar" \

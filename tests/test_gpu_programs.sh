@@ -8,7 +8,7 @@
 #   regression (--kl-steps); infer --eval --gpu refused;
 #   benchmark --gpu: runs to the end on short documents, with MLP and with
 #   quadrature modules.
-# usage: tests/test_gpu_programs.sh BINDIR   (BINDIR holds infer, train, benchmark)
+# usage: tests/test_gpu_programs.sh BINDIR   (BINDIR holds infer, study, benchmark)
 set -u
 bin=${1:-.}
 tmp=$(mktemp -d)
@@ -26,8 +26,8 @@ echo "--gpu programs against the CPU ($bin)"
 # fitting: 400 steps each way, then the held-out metrics of both
 # (by regression, on the spans and continuations the tolerances below were sized on)
 fit_args="--loss regression --lr 1e-2 --tasks 0 --n-prompts 200 --prompt-len 48"
-$bin/train $m -d data/doc.txt -o "$tmp/cpu.nectar" --steps 400 $fit_args --json > "$tmp/cpu.json" 2> "$tmp/cpu.err"
-$bin/train $m -d data/doc.txt -o "$tmp/gpu.nectar" --steps 400 $fit_args --json --gpu > "$tmp/gpu.json" 2> "$tmp/gpu.err"
+$bin/study fit $m -d data/doc.txt -o "$tmp/cpu.nectar" --steps 400 $fit_args --json > "$tmp/cpu.json" 2> "$tmp/cpu.err"
+$bin/study fit $m -d data/doc.txt -o "$tmp/gpu.nectar" --steps 400 $fit_args --json --gpu > "$tmp/gpu.json" 2> "$tmp/gpu.err"
 check "train and train --gpu both ran" $([ -s "$tmp/cpu.json" ] && [ -s "$tmp/gpu.json" ] && echo 1 || echo 0)
 # fp32 rounding differs (cuBLAS sums in another order) and AdamW carries it
 # through 400 steps: KL must agree to 2% of its gap to the no-document KL,
@@ -60,8 +60,8 @@ check "train --gpu: held-out metrics match the CPU fit" $([ $ok = 0 ] && echo 1 
 # tolerance of 2.8e-4.
 fit_args="--lr 1e-2 --tasks 0 --n-prompts 200 --prompt-len 48"
 for loss in "--steps 10 --loss kl" "--steps 5 --loss regression --kl-steps 5 --kl-lr 2e-2"; do
-    $bin/train $m -d data/doc.txt -o "$tmp/cpu_kl.nectar" $loss $fit_args --json > "$tmp/cpu_kl.json" 2>/dev/null
-    $bin/train $m -d data/doc.txt -o "$tmp/gpu_kl.nectar" $loss $fit_args --json --gpu > "$tmp/gpu_kl.json" 2> "$tmp/gpu_kl.err"
+    $bin/study fit $m -d data/doc.txt -o "$tmp/cpu_kl.nectar" $loss $fit_args --json > "$tmp/cpu_kl.json" 2>/dev/null
+    $bin/study fit $m -d data/doc.txt -o "$tmp/gpu_kl.nectar" $loss $fit_args --json --gpu > "$tmp/gpu_kl.json" 2> "$tmp/gpu_kl.err"
     python3 - "$tmp/cpu_kl.json" "$tmp/gpu_kl.json" <<'PY' > "$tmp/cmp_kl" 2>&1
 import json, sys
 cpu, gpu = (json.load(open(p))["random"] for p in sys.argv[1:3])

@@ -42,8 +42,18 @@ train() {
         [ "$arg" = --loss ] && loss=()
         [ "$arg" = -D ] && doc=()
     done
-    "$bin/train" -m "$tmp/model.bin" "${doc[@]}" --n-prompts 80 --prompt-len 32 "${loss[@]}" "$@"
+    "$bin/study" fit -m "$tmp/model.bin" "${doc[@]}" --n-prompts 80 --prompt-len 32 "${loss[@]}" "$@"
 }
+
+# train is study fit's run without the study options: the same module bytes
+# for the same options (a document short enough for train's prompt length)
+awk 'BEGIN { srand(5); for (i = 0; i < 100; i++) printf "%d ", 3 + int(rand() * 290) }' > "$tmp/short.ids"
+for prog in "$bin/train" "$bin/study fit"; do
+    $prog -m "$tmp/model.bin" -D "$tmp/short.ids" --n-prompts 20 --loss regression --steps 30 --kl-steps 5 \
+        -o "$tmp/by_${prog##*/}.nectar" > /dev/null 2>&1
+done
+cmp -s "$tmp/by_train.nectar" "$tmp/by_study fit.nectar" && ok "train and study fit: the same module bytes" \
+    || fail "train and study fit wrote other modules"
 
 # greedy decoding through the program equals the reference (and llama2.c)
 for name in ref_gqa ref_mha_unshared; do
@@ -95,7 +105,7 @@ cmp -s "$tmp/fit.nectar" "$tmp/resumed.nectar" && ok "resume equals the uninterr
 train -o "$tmp/x.nectar" --steps 400 --resume "$tmp/ck" --checkpoint "$tmp/ck2" \
     --stop-after 100 > /dev/null 2> "$tmp/log"
 [ $? -eq 1 ] && grep -q "^error: .*not after the checkpoint's step 150" "$tmp/log" && ok "--stop-after before the checkpoint's step is refused" || fail "--stop-after before the checkpoint"
-"$bin/train" -m "$tmp/model.bin" -D "$tmp/doc.ids" -o "$tmp/x.nectar" --prompt-len 32 --steps 500 --resume "$tmp/ck" > /dev/null 2> "$tmp/log"
+"$bin/study" fit -m "$tmp/model.bin" -D "$tmp/doc.ids" -o "$tmp/x.nectar" --prompt-len 32 --steps 500 --resume "$tmp/ck" > /dev/null 2> "$tmp/log"
 [ $? -eq 1 ] && grep -q "^error: .*other data or options" "$tmp/log" && ok "a checkpoint of other options is refused" || fail "checkpoint mismatch refused"
 
 # --init: the same modules evaluate the same; pure KL goes on from a regression fit; other fits are refused
@@ -241,7 +251,7 @@ expect_refusal "a composition of nine documents is refused" "more than 8 documen
 
 # --answer-len 0 (no answers): its self-study file and its module file read back
 train -o "$tmp/cap0.nectar" --steps 0 --answer-len 0 --save-self-study "$tmp/cap0.ss" > /dev/null 2> "$tmp/log" &&
-    "$bin/train" -m "$tmp/model.bin" -D "$tmp/doc.ids" --prompt-len 32 --loss regression --steps 0 --answer-len 0 \
+    "$bin/study" fit -m "$tmp/model.bin" -D "$tmp/doc.ids" --prompt-len 32 --loss regression --steps 0 --answer-len 0 \
         --self-study "$tmp/cap0.ss" -o "$tmp/cap0_again.nectar" > /dev/null 2>> "$tmp/log" &&
     "$bin/infer" -m "$tmp/model.bin" -D "$tmp/doc.ids" -k "$tmp/cap0_again.nectar" --eval > /dev/null 2>> "$tmp/log" &&
     cmp -s "$tmp/cap0.nectar" "$tmp/cap0_again.nectar" && ok "--answer-len 0: its self-study and module files read back" \
@@ -324,41 +334,41 @@ sys.exit(not ok)' "$tmp/et.json" "$tmp/et0.json" "$tmp/et_infer.json" \
         && ok "--eval-tasks: their own split, as infer --eval has it; the fit unchanged" || fail "--eval-tasks"
     # --eval-tasks-from: another fit (rho 5%) measured on the same tasks; the run itself checks that no task's
     # question starts a self-study prompt (the same self-study as et.nectar's: none may)
-    "$bin/train" $et --rho 0.05 --eval-tasks-from "$tmp/et.nectar" -o "$tmp/et_from.nectar" > "$tmp/et_from.json" \
+    "$bin/study" fit $et --rho 0.05 --eval-tasks-from "$tmp/et.nectar" -o "$tmp/et_from.nectar" > "$tmp/et_from.json" \
         2> "$tmp/log" || cat "$tmp/log"
     python3 -c 'import json, sys
 t, f = (json.load(open(p))["tasks"] for p in sys.argv[1:])
 same = ("n_prompts", "n_answers", "n_positions", "kl_nodoc", "agree_nodoc", "answer_match_nodoc")
 sys.exit(not all(t[k] == f[k] for k in same) or t["kl"] == f["kl"])' "$tmp/et.json" "$tmp/et_from.json" \
         && ok "--eval-tasks-from: the same tasks (no-document metrics equal), another fit" || fail "--eval-tasks-from"
-    "$bin/train" $et --eval-tasks-from "$tmp/et0.nectar" -o "$tmp/x.nectar" > /dev/null 2> "$tmp/log"
+    "$bin/study" fit $et --eval-tasks-from "$tmp/et0.nectar" -o "$tmp/x.nectar" > /dev/null 2> "$tmp/log"
     [ $? -eq 1 ] && grep -q "^error: .*holds no evaluation-only tasks" "$tmp/log" \
         && ok "--eval-tasks-from a file without tasks is refused" || fail "--eval-tasks-from et0: $(head -c 200 "$tmp/log")"
     # --save-self-study, then --self-study: the same prompts and tasks, so the same module bytes as et.nectar's
     # run; refused: a file for another document, a changed byte, other answer conventions, options that would
     # make prompts beside it, and the file as another output of the run
     ss="-m data/model.bin -z data/tokenizer.bin -d data/doc.txt --steps 40 --json"
-    "$bin/train" $ss --n-prompts 10 --tasks 30 --eval-tasks 40 --save-self-study "$tmp/ss.bin" -o "$tmp/ss_made.nectar" \
+    "$bin/study" fit $ss --n-prompts 10 --tasks 30 --eval-tasks 40 --save-self-study "$tmp/ss.bin" -o "$tmp/ss_made.nectar" \
         > /dev/null 2> "$tmp/log" || cat "$tmp/log"
-    "$bin/train" $ss --self-study "$tmp/ss.bin" -o "$tmp/ss_read.nectar" > /dev/null 2> "$tmp/log" || cat "$tmp/log"
+    "$bin/study" fit $ss --self-study "$tmp/ss.bin" -o "$tmp/ss_read.nectar" > /dev/null 2> "$tmp/log" || cat "$tmp/log"
     cmp -s "$tmp/ss_made.nectar" "$tmp/et.nectar" && cmp -s "$tmp/ss_read.nectar" "$tmp/et.nectar" \
         && grep -q "^[0-9]* self-study prompts and [0-9]* evaluation-only tasks from " "$tmp/log" \
         && ok "--self-study of a --save-self-study: the same module bytes" || fail "--self-study: $(tail -n 3 "$tmp/log")"
     expect_refusal "--self-study for another document is refused" "different document" \
-        "$bin/train" -m data/model.bin -z data/tokenizer.bin -d "$tmp/doc7/doc.txt" --self-study "$tmp/ss.bin" -o "$tmp/x.nectar"
+        "$bin/study" fit -m data/model.bin -z data/tokenizer.bin -d "$tmp/doc7/doc.txt" --self-study "$tmp/ss.bin" -o "$tmp/x.nectar"
     cp "$tmp/ss.bin" "$tmp/ss_flip.bin" && poke "$tmp/ss_flip.bin" 80 7
     expect_refusal "--self-study of a changed byte is refused by its checksum" "checksum does not match" \
-        "$bin/train" $ss --self-study "$tmp/ss_flip.bin" -o "$tmp/x.nectar"
+        "$bin/study" fit $ss --self-study "$tmp/ss_flip.bin" -o "$tmp/x.nectar"
     expect_refusal "--self-study with another --answer-len is refused" "answers end and start otherwise" \
-        "$bin/train" $ss --self-study "$tmp/ss.bin" --answer-len 20 -o "$tmp/x.nectar"
+        "$bin/study" fit $ss --self-study "$tmp/ss.bin" --answer-len 20 -o "$tmp/x.nectar"
     expect_refusal "--self-study with --tasks is refused" "drop --n-prompts" \
-        "$bin/train" $ss --self-study "$tmp/ss.bin" --tasks 5 -o "$tmp/x.nectar"
+        "$bin/study" fit $ss --self-study "$tmp/ss.bin" --tasks 5 -o "$tmp/x.nectar"
     expect_refusal "--save-self-study onto -o is refused" "another output" \
-        "$bin/train" $ss --save-self-study "$tmp/x.nectar" -o "$tmp/x.nectar"
+        "$bin/study" fit $ss --save-self-study "$tmp/x.nectar" -o "$tmp/x.nectar"
     # --far-prompts 3 --far-len 40, on the saved self-study: three more training prompts of at least 40 tokens
     # each (training task questions continued), the held-out prompts unchanged (no document's KL on them the same)
-    "$bin/train" $ss --self-study "$tmp/ss.bin" --eval-train -o "$tmp/near.nectar" > "$tmp/near.json" 2> /dev/null
-    "$bin/train" $ss --self-study "$tmp/ss.bin" --eval-train --far-prompts 3 --far-len 40 -o "$tmp/far.nectar" \
+    "$bin/study" fit $ss --self-study "$tmp/ss.bin" --eval-train -o "$tmp/near.nectar" > "$tmp/near.json" 2> /dev/null
+    "$bin/study" fit $ss --self-study "$tmp/ss.bin" --eval-train --far-prompts 3 --far-len 40 -o "$tmp/far.nectar" \
         > "$tmp/far.json" 2> "$tmp/log" || cat "$tmp/log"
     python3 -c 'import json, sys
 near, far = (json.load(open(p)) for p in sys.argv[1:])
@@ -463,7 +473,7 @@ expect_refusal "train with a rho too small for one unit" "no room for even one" 
 # the ids of the tokenizer.bin it was converted from
 gguf=tests/data/gguf_llama.gguf
 printf 'The cat is on the mat. That was it.\nAnd the dog ate the hat in the house.\n' > "$tmp/doc.txt"
-"$bin/train" -m $gguf -d "$tmp/doc.txt" --no-chat -o "$tmp/gguf.nectar" --steps 100 --n-prompts 30 --prompt-len 12 \
+"$bin/study" fit -m $gguf -d "$tmp/doc.txt" --no-chat -o "$tmp/gguf.nectar" --steps 100 --n-prompts 30 --prompt-len 12 \
     --json > "$tmp/gguf.json" 2> "$tmp/log" || cat "$tmp/log"
 if [ -s "$tmp/gguf.nectar" ]; then ok "train on a GGUF model and a text document"; else fail "train on a GGUF model"; fi
 got=$("$bin/infer" -m $gguf -d "$tmp/doc.txt" -k "$tmp/gguf.nectar" --eval --json 2> "$tmp/log")
@@ -472,7 +482,7 @@ expect_refusal "modules fitted to a GGUF model refused for another" "different m
     "$bin/infer" -m tests/data/gguf_mistral.gguf -k "$tmp/gguf.nectar" -i "the"
 expect_refusal "modules fitted without --chat are refused with --chat" "drop --chat" \
     "$bin/infer" -m $gguf -k "$tmp/gguf.nectar" --chat -i "the"
-"$bin/train" -m $gguf -d "$tmp/doc.txt" --chat -o "$tmp/chat.nectar" --steps 20 --n-prompts 20 --prompt-len 12 \
+"$bin/study" fit -m $gguf -d "$tmp/doc.txt" --chat -o "$tmp/chat.nectar" --steps 20 --n-prompts 20 --prompt-len 12 \
     > /dev/null 2> "$tmp/log" || cat "$tmp/log"
 chat_ids=$("$bin/infer" --encode -m $gguf --chat -i "Where is the cat?")
 case "$chat_ids" in "$("$bin/infer" --encode -m $gguf -i "<|im_start|>system")"*) ok "--chat: the turn starts with the template's system message" ;;
@@ -482,7 +492,7 @@ got=$("$bin/infer" -m $gguf -d "$tmp/doc.txt" -k "$tmp/chat.nectar" --chat -i "W
 expect_refusal "modules fitted with --chat are refused without it" "add --chat" \
     "$bin/infer" -m $gguf -k "$tmp/chat.nectar" -i "the"
 # a model with a chat template and a text document: train frames it as a chat turn without being told
-"$bin/train" -m $gguf -d "$tmp/doc.txt" -o "$tmp/auto.nectar" --steps 20 --n-prompts 20 --prompt-len 12 \
+"$bin/study" fit -m $gguf -d "$tmp/doc.txt" -o "$tmp/auto.nectar" --steps 20 --n-prompts 20 --prompt-len 12 \
     --json > "$tmp/auto.json" 2> "$tmp/log" || cat "$tmp/log"
 grep -q "^the model has a chat template" "$tmp/log" && "$bin/infer" -m $gguf -k "$tmp/auto.nectar" --chat -i "the" -n 2 \
     > /dev/null 2>&1 && ok "train picks --chat for a model with a chat template (--no-chat: plain text)" \
@@ -490,7 +500,7 @@ grep -q "^the model has a chat template" "$tmp/log" && "$bin/infer" -m $gguf -k 
 # and the chat recipe's defaults where the command line is silent (quadrature, 400 KL steps, the teacher's top 32),
 # the plain one's without
 # (the recipe's KL stage goes with its loss: a chat run with --loss kl has none)
-"$bin/train" -m $gguf -d "$tmp/doc.txt" -o "$tmp/auto_kl.nectar" --steps 5 --n-prompts 20 --prompt-len 12 --loss kl \
+"$bin/study" fit -m $gguf -d "$tmp/doc.txt" -o "$tmp/auto_kl.nectar" --steps 5 --n-prompts 20 --prompt-len 12 --loss kl \
     --json > "$tmp/auto_kl.json" 2> "$tmp/log" || cat "$tmp/log"
 grep -q '"arch": "quad", .*"steps": 20, "kl_steps": 400, "kl_top_k": 32, "loss": "regression", "lr": 0.03, "kl_lr": 0.006,' \
     "$tmp/auto.json" \
@@ -501,7 +511,7 @@ grep -q '"arch": "quad", .*"steps": 20, "kl_steps": 400, "kl_top_k": 32, "loss":
 # a model of 10M parameters or more read as plain text takes the large plain recipe: MLP, a regression fit then
 # KL steps at 3e-3, the teacher's top 32, and a self-study of spans only (no task loop: no tasks, no evaluation-only ones)
 ./tests/random_model "$tmp/large.bin" 512 1024 5 8 2 259 256 3 0.05 2> /dev/null
-"$bin/train" -m "$tmp/large.bin" -z data/tokenizer.bin -d "$tmp/doc.txt" -o "$tmp/large.nectar" --steps 3 --kl-steps 2 \
+"$bin/study" fit -m "$tmp/large.bin" -z data/tokenizer.bin -d "$tmp/doc.txt" -o "$tmp/large.nectar" --steps 3 --kl-steps 2 \
     --n-prompts 6 --prompt-len 12 --json > "$tmp/large.json" 2> "$tmp/log" || cat "$tmp/log"
 grep -q '"arch": "mlp", .*"steps": 3, "kl_steps": 2, "kl_top_k": 32, "loss": "regression", "lr": 0.03, "kl_lr": 0.003,' \
     "$tmp/large.json" && ! grep -q 'tasks [0-9]' "$tmp/log" \
@@ -509,7 +519,7 @@ grep -q '"arch": "mlp", .*"steps": 3, "kl_steps": 2, "kl_top_k": 32, "loss": "re
     && ok "a large model read as plain text takes the large plain recipe's defaults" \
     || fail "large plain recipe: $(head -c 240 "$tmp/large.json")"
 # and its 2000 regression steps then 400 KL steps, where the command line gives none (stopped after one)
-"$bin/train" -m "$tmp/large.bin" -z data/tokenizer.bin -d "$tmp/doc.txt" -o "$tmp/large.nectar" --n-prompts 6 \
+"$bin/study" fit -m "$tmp/large.bin" -z data/tokenizer.bin -d "$tmp/doc.txt" -o "$tmp/large.nectar" --n-prompts 6 \
     --prompt-len 12 --checkpoint "$tmp/large.ckpt" --stop-after 1 > /dev/null 2> "$tmp/log" || cat "$tmp/log"
 tr '\r' '\n' < "$tmp/log" | grep -q '^step 1/2400 .* + the KL stage' && ok "the large plain recipe's two stages: 2000 + 400 steps" \
     || fail "the large plain recipe's steps: $(tr '\r' '\n' < "$tmp/log" | grep -m 1 '^step')"

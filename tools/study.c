@@ -7,15 +7,19 @@
  *   ./study -m model.bin -z tokenizer.bin -d doc.txt -k doc.nectar --stops        where answers end
  *   ./study -m model.bin -z tokenizer.bin -d a.txt -d b.txt -k a.nectar -k b.nectar --joined
  *                                                 held to the true concatenation of the documents
+ *   ./study fit -m model.bin -z tokenizer.bin -d doc.txt -o doc.nectar --batch 128 --eval-train
+ *                                                 train's run with the fitting knobs and instruments
  *
  * The model, documents and modules are read and checked as infer reads
  * them (src/serve.c). main reads as its steps: the options; the model,
  * tokenizer, documents and modules; their KV caches; the instrument.
+ * `study fit` is train's run (src/train_run.c) with the study options.
  */
 #include "../nectar.h"
 #include "../src/cli.h"
 #include "../src/eval.h"
 #include "../src/serve.h"
+#include "../src/train_run.h"
 #include "../src/util.h"
 
 #include <stdio.h>
@@ -25,6 +29,7 @@
 static void usage(FILE *f) {
     fprintf(f,
         "usage: study -m MODEL -d DOC -k MODULE INSTRUMENT [options]\n"
+        "       study fit [train's options and the study options of ./study fit --help]\n"
         "The instruments of finished studies: each measures the modules of -k against the full cache\n"
         "of their document (-d/-D) on the held-out prompts kept in the module file, on the CPU.\n"
         "The model, documents and modules are given as to infer (./infer --help):\n"
@@ -50,6 +55,54 @@ static void usage(FILE *f) {
         "  --qa FILE      with --joined: the multiple-choice questions of FILE (-k not needed)\n"
         "  --json         one JSON object on stdout\n"
         "  --help         this text\n");
+}
+
+/* study fit's usage: the options train refuses (STUDY_OPTIONS). */
+static void fit_usage(FILE *f) {
+    fprintf(f,
+        "usage: study fit -m MODEL (-d DOC.txt | -D DOC.ids) -o OUT.nectar [options]\n"
+        "train's run (./train --help: its options hold here too), with the fitting knobs and the\n"
+        "instruments of finished studies; the module file is the one train writes for the same options.\n"
+        "  --no-chat         the document and prompts as plain text, even for a chat model (the plain\n"
+        "                    recipes' defaults: train --help, --chat)\n"
+        "  --depths B,S,T    MLP depths: backbone, score head, target head (default 1,1,1)\n"
+        "  --groups SPEC     layer-group capacity multipliers a-b:m,... (layers a..b-1 get m;\n"
+        "                    normalised to average 1), e.g. 0-2:1,2-4:2 for 4 layers\n"
+        "  --batch N         prompt positions per step (default 64; x heads per group)\n"
+        "  --wd W            weight decay (default 0)\n"
+        "  --warmup F        warmup fraction of each stage's steps (default 0.05)\n"
+        "  --kl-lr LR        the peak learning rate of the --kl-steps (default 3e-3; 6e-3 with --chat)\n"
+        "  --lambda-alpha X  score loss weight (presets: 0.1; kl 0)\n"
+        "  --lambda-A X      target loss weight (presets: 1; kl 0)\n"
+        "  --lambda-kl X     KL distillation weight (presets: kl and mixed 1, regression 0)\n"
+        "  --kl-prompts N    training prompts per step for the KL term (default 2)\n"
+        "  --kl-top-k K      the KL term's teacher as its K likeliest tokens and one bucket for the rest\n"
+        "                    (8 K + 4 bytes a position, not 4 V; the KL over K + 1 outcomes; default 32\n"
+        "                    with --chat or a large model, else 0: the whole vocabulary)\n"
+        "  --teacher-logits-mb N  the KL term's teacher logits are kept from the teacher pass up to N MB,\n"
+        "                    else recomputed at each step, on the CPU (default 2048)\n"
+        "  --prompt-len N    prompt length cap in tokens, answer included (default 80; 196 with --chat)\n"
+        "  --answer-len N    answers (the full cache's greedy answer after a task or extra prompt,\n"
+        "                    and the held-out answer rollouts) end at a newline, or at the end of a\n"
+        "                    chat turn with --chat, or after N tokens (default 48; 128 with --chat)\n"
+        "  --prompt-ids FILE extra prompts, one per line (token ids)\n"
+        "  --eval-tasks-from FILE.nectar  take the evaluation-only tasks of a module file fitted to this\n"
+        "                    model and document instead of making them: fits compared on the same tasks\n"
+        "  --far-prompts K   K more training prompts that reach far from the document: the questions of\n"
+        "                    the first K training task prompts, each continued by the full cache,\n"
+        "                    greedily and past its stop, for --far-len tokens (default 0: none; with\n"
+        "                    --self-study too: they are made after the split)\n"
+        "  --far-len N       how far past their questions those prompts go (default 512; at most what\n"
+        "                    the context leaves)\n"
+        "  --save-self-study FILE  write this run's self-study prompts and evaluation-only tasks to FILE\n"
+        "  --self-study FILE take the self-study prompts and evaluation-only tasks of FILE (written by\n"
+        "                    --save-self-study for this model and document) instead of making them:\n"
+        "                    fits compared on the same prompts; the split and the rest as -s gives them\n"
+        "  --checkpoint-every N  with --checkpoint, every N steps (default a quarter of the steps)\n"
+        "  --stop-after N    stop after step N (with a checkpoint), as if interrupted\n"
+        "  --eval-train      the metrics on the training prompts too (what the fit saw; against the\n"
+        "                    held-out ones, what generalising to new prompts costs)\n"
+        "  --help            this text\n");
 }
 
 /* ------------------------------------------------------------------------ */
@@ -226,6 +279,12 @@ static int run_instrument(const Options *o, const Served *s, const Caches *ca) {
 }
 
 int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "fit")) {  /* train's run, with the study options */
+        TrainOptions to;
+        if (train_options_parse(argc - 1, argv + 1, &to, fit_usage, 1) != 0) return 1;
+        return train_run(&to) != 0;
+    }
+
     /* 1. options */
     Options o;
     if (parse_options(argc, argv, &o) != 0) return 1;
