@@ -363,11 +363,13 @@ static void print_token(const Tokenizer *tok, int print_ids, int i, int prev, in
         fputs(piece, stdout);
 }
 
-/* Generates up to `steps` tokens after the prompt, printing them to stdout;
- * stops at BOS and at stop_id (the end of a chat turn; -1: none). Returns
- * the count, or -1. */
-static int generate(const Device *dv, const Document *doc, const int *prompt, int n_prompt, int steps, int stop_id,
-                    Sampler *sampler, const Tokenizer *tok, int print_ids, double *ms_first, double *tok_per_s) {
+/* Generates up to `steps` tokens after the prompt, each drawn by the core's
+ * sample, printing them to stdout as they come (the core's generate, on the
+ * CPU or the GPU, streamed and timed); stops at BOS and at stop_id (the end
+ * of a chat turn; -1: none), neither printed. Returns the count, or -1. */
+static int generate_streamed(const Device *dv, const Document *doc, const int *prompt, int n_prompt, int steps,
+                             int stop_id, Sampler *sampler, const Tokenizer *tok, int print_ids, double *ms_first,
+                             double *tok_per_s) {
     const Model *m = dv->model;
     Runner r;
     runner_alloc(&r, dv->gpu, m, doc, n_prompt, n_prompt + (steps > 0 ? steps - 1 : 0));
@@ -410,8 +412,8 @@ static int run_compare(const Options *o, const Served *s, const Prompt *pr, cons
         sampler_init(&sampler, s->model.config.vocab_size, o->temperature, o->topp, o->seed);
         printf("--- %s ---\n", runs[r].name);
         fflush(stdout);
-        int n = generate(dv, runs[r].doc, runs[r].prompt, runs[r].n, pr->steps, pr->stop_id, &sampler, s->tokp,
-                         o->print_ids, &first_ms, &rate);
+        int n = generate_streamed(dv, runs[r].doc, runs[r].prompt, runs[r].n, pr->steps, pr->stop_id, &sampler,
+                                  s->tokp, o->print_ids, &first_ms, &rate);
         sampler_free(&sampler);
         if (n < 0) rc = -1;
         else fprintf(stderr, "%s: %.1f ms to first token, %d tokens at %.1f tok/s\n", runs[r].name, first_ms, n, rate);
@@ -425,8 +427,8 @@ static int run_generate(const Options *o, const Served *s, const Prompt *pr, con
     double first_ms, rate;
     Sampler sampler;
     sampler_init(&sampler, s->model.config.vocab_size, o->temperature, o->topp, o->seed);
-    int n = generate(dv, doc, pr->prompt, pr->n_prompt, pr->steps, pr->stop_id, &sampler, s->tokp, o->print_ids,
-                     &first_ms, &rate);
+    int n = generate_streamed(dv, doc, pr->prompt, pr->n_prompt, pr->steps, pr->stop_id, &sampler, s->tokp,
+                              o->print_ids, &first_ms, &rate);
     sampler_free(&sampler);
     if (n < 0) return -1;
     const char *mode = s->has_modules ? "Nectar" : s->has_doc ? "exact" : "no document";

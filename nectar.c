@@ -9,7 +9,9 @@
  *   4. the transformer's forward pass, with the exact and the Nectar
  *      attention side by side: they differ in one line, where the
  *      document's state comes from;
- *   5. its backward pass into the modules, and the document's KV cache.
+ *   5. its backward pass into the modules, and the document's KV cache;
+ *   8. generation after a document: the sampler, and a forward a token
+ *      (sections 6 and 7 are src/compile.c's and src/modfile.c's).
  * Shapes use the legend at the top of nectar.h; each backward quotes the
  * forward line it differentiates. */
 #include "nectar.h"
@@ -1546,4 +1548,80 @@ int backward(const Model *m, RunState *s, const Document *doc, const int *tokens
         for (int t = 0; t < ntok; t++)
             for (int i = 0; i < D; i++) dw->token_embedding[(size_t)tokens[t] * D + i] += b->dx[(size_t)t * D + i];
     return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* 8. Generation                                                            */
+
+void sampler_init(Sampler *s, int vocab_size, float temperature, float topp, uint64_t seed) {
+    s->temperature = temperature;
+    s->topp = topp;
+    s->rng = seed ? seed : 1;
+    s->cand = xmalloc(vocab_size * sizeof(Candidate));
+}
+
+void sampler_free(Sampler *s) { free(s->cand); }
+
+static int compare_candidates(const void *a, const void *b) {
+    float pa = ((const Candidate *)a)->prob, pb = ((const Candidate *)b)->prob;
+    return (pa < pb) - (pa > pb);  /* descending */
+}
+
+int sample(Sampler *s, const float *logits, int n) {
+    if (s->temperature == 0.0f) return argmax(logits, n);
+    /* p = softmax(logits / temperature) */
+    float max = logits[argmax(logits, n)], sum = 0.0f;
+    for (int i = 0; i < n; i++) {
+        s->cand[i].prob = expf((logits[i] - max) / s->temperature);
+        s->cand[i].index = i;
+        sum += s->cand[i].prob;
+    }
+    for (int i = 0; i < n; i++) s->cand[i].prob /= sum;
+    float r = rng_uniform(&s->rng);
+    int count = n;
+    if (s->topp > 0.0f && s->topp < 1.0f) {
+        /* top-p: the smallest set of most likely tokens with mass >= topp */
+        qsort(s->cand, n, sizeof(Candidate), compare_candidates);
+        float mass = 0.0f;
+        for (count = 0; count < n && mass < s->topp; count++) mass += s->cand[count].prob;
+        r *= mass;
+    }
+    float cdf = 0.0f;
+    for (int i = 0; i < count; i++) {
+        cdf += s->cand[i].prob;
+        if (r < cdf) return s->cand[i].index;
+    }
+    return s->cand[count - 1].index;
+}
+
+/* generate's checks before it allocates: the prompt, max_new and the
+ * context (forward checks the ids). 0, or -1 with a sentence. */
+static int generate_check(const Model *m, const Document *doc, int n_prompt, int max_new) {
+    int n_doc = document_length(doc);
+    if (n_prompt < 1 || max_new < 0) {
+        fprintf(stderr, "error: generation needs a prompt of at least one token and max_new >= 0, not %d and %d\n",
+                n_prompt, max_new);
+        return -1;
+    }
+    if ((long)n_doc + n_prompt + max_new - 1 > m->config.seq_len) {  /* the positions fed: not the last new token's */
+        fprintf(stderr, "error: the document (%d tokens), the prompt (%d) and %d new tokens exceed the model's "
+                "context of %d\n", n_doc, n_prompt, max_new, m->config.seq_len);
+        return -1;
+    }
+    return 0;
+}
+
+int generate(const Model *m, const Document *doc, const int *prompt, int n_prompt, int max_new, const int stop[2],
+             Sampler *sampler, int *out) {
+    if (generate_check(m, doc, n_prompt, max_new) != 0) return -1;
+    RunState s;
+    runstate_alloc(&s, m, doc, n_prompt, n_prompt + max_new);
+    int n = 0, rc = forward(m, &s, doc, prompt, n_prompt, 0, LOGITS_LAST);  /* the last row's logits: s.logits (V) */
+    while (rc == 0 && n < max_new) {
+        int next = out[n++] = sample(sampler, s.logits, m->config.vocab_size);
+        if (next == stop[0] || next == stop[1] || n == max_new) break;
+        rc = forward(m, &s, doc, &next, 1, n_prompt + n - 1, LOGITS_LAST);
+    }
+    runstate_free(&s);
+    return rc == 0 ? n : -1;
 }

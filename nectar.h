@@ -14,14 +14,14 @@
  *   B  tokens in one forward block            N  queries in a module batch
  *   w  MLP module width       p  quadrature pairs
  *
- * The core is this header, nectar.c (the method: sections 1-5 below),
- * src/compile.c (section 6: compiling a document: its modules sized by a
- * budget, the teacher pass, the fit), src/modfile.c (section 7: module
- * files) and the three files of src/ they run on: kernels (exp_fast and the
- * matrix products), parallel (the thread pool) and util (memory, time,
- * random numbers, whole files). It calls nothing else: model files,
- * tokenizers, self-study prompts, evaluation and the command line sit
- * above it in src/.
+ * The core is this header, nectar.c (the method: sections 1-5 below, and
+ * section 8: generation), src/compile.c (section 6: compiling a document:
+ * its modules sized by a budget, the teacher pass, the fit), src/modfile.c
+ * (section 7: module files) and the three files of src/ they run on:
+ * kernels (exp_fast and the matrix products), parallel (the thread pool)
+ * and util (memory, time, random numbers, whole files). It calls nothing
+ * else: model files, tokenizers, self-study prompts, evaluation and the
+ * command line sit above it in src/.
  *
  * A compiled document's life, each step one call (examples/compile.c runs
  * them all):
@@ -31,7 +31,8 @@
  *   moduleset_init                 the modules' starting point
  *   fit_begin, fit_steps, fit_end  the fit (regression, KL, or both)
  *   moduleset_save, moduleset_load the module file
- *   forward (DOC_NECTAR)           generation with the modules
+ *   forward (DOC_NECTAR)           the model with the modules, a block at a time
+ *   generate (DOC_NECTAR)          tokens after them, greedy or sampled
  *
  * Conventions: fp32; natural log; nothing prints but errors, which print
  * one sentence on stderr and return -1 (or NULL); progress goes through a
@@ -687,5 +688,37 @@ void fit_end(Fit *f);
  * file whose checksum or sizes do not match, with a sentence. */
 int  moduleset_save(const ModuleSet *s, const char *path);
 int  moduleset_load(ModuleSet *s, const char *path, uint64_t model_fp, uint64_t doc_fp);
+
+/* ------------------------------------------------------------------------ */
+/* 8. Generation                                                            */
+
+/* A token sampler, as llama2.c's: greedy (argmax) at temperature 0; else a
+ * draw from softmax(logits / temperature), restricted to the top-p mass
+ * (the smallest set of likeliest tokens whose probabilities add up to at
+ * least topp) when 0 < topp < 1. Its generator is seeded (seed 0 counts as 1). */
+typedef struct { float prob; int index; } Candidate;
+typedef struct {
+    float temperature, topp;
+    uint64_t rng;
+    Candidate *cand;  /* (V) probabilities, sorted for top-p */
+} Sampler;
+
+void sampler_init(Sampler *s, int vocab_size, float temperature, float topp, uint64_t seed);
+void sampler_free(Sampler *s);
+/* The next token from logits (n = V). */
+int  sample(Sampler *s, const float *logits, int n);
+
+/* Tokens after a document doc (exact, Nectar, a composition, or
+ * &NO_DOCUMENT): the prompt (n_prompt ids) at local positions 0 ..
+ * n_prompt - 1, then up to max_new tokens into out (max_new), each drawn by
+ * the sampler from the last row's logits (V) and fed back, until one equal
+ * to stop[0] or stop[1] (kept as the last token; -1: no stop). The tokens
+ * fed, the prompt and every new token but the last, must fit the model's
+ * context after the document: n + n_prompt + max_new - 1 <= T. Runs the CPU
+ * forward on a run state of its own (a block of n_prompt). Returns the
+ * tokens written, or -1 with a sentence (a prompt of no tokens, max_new
+ * below 0, past the context, ids outside the vocabulary). */
+int generate(const Model *m, const Document *doc, const int *prompt, int n_prompt, int max_new, const int stop[2],
+             Sampler *sampler, int *out);
 
 #endif

@@ -80,29 +80,22 @@ static double held_out_kl(const Model *m, const Document *exact, const Document 
     return sum / positions;
 }
 
-/* Greedy tokens after a prompt: out (N_GENERATE). */
-static void generate(const Model *m, const Document *doc, const int *prompt, int *out) {
-    RunState s;
-    runstate_alloc(&s, m, doc, PROMPT_LEN, PROMPT_LEN + N_GENERATE);
-    if (forward(m, &s, doc, prompt, PROMPT_LEN, 0, LOGITS_LAST) != 0) exit(1);  /* the last row's logits: s.logits */
-    for (int t = 0; t < N_GENERATE; t++) {
-        out[t] = argmax(s.logits, m->config.vocab_size);
-        if (forward(m, &s, doc, &out[t], 1, PROMPT_LEN + t, LOGITS_LAST) != 0) exit(1);
-    }
-    runstate_free(&s);
-}
-
 /* For how many held-out prompts the modules' and no document's first
- * greedy token (first[0], first[1]) and whole generation (whole[0],
- * whole[1]) are the exact document's. */
+ * greedy token (first[0], first[1]) and whole generation of N_GENERATE
+ * tokens (whole[0], whole[1]) are the exact document's. */
 static void compare_generations(const Model *m, const Document *docs[3], const PromptSet *p,
                                 const unsigned char *is_train, int first[2], int whole[2]) {
     const char *names[3] = {"exact", "Nectar", "no document"};
+    const int no_stop[2] = {-1, -1};
     int out[3][N_GENERATE], shown = 0;
+    Sampler greedy;
+    sampler_init(&greedy, m->config.vocab_size, 0.0f, 1.0f, 0);  /* temperature 0: the argmax */
     first[0] = first[1] = whole[0] = whole[1] = 0;
     for (int i = 0; i < p->n_prompts; i++) {
         if (is_train[i]) continue;
-        for (int k = 0; k < 3; k++) generate(m, docs[k], p->tokens + p->offsets[i], out[k]);
+        for (int k = 0; k < 3; k++)
+            if (generate(m, docs[k], p->tokens + p->offsets[i], PROMPT_LEN, N_GENERATE, no_stop, &greedy, out[k]) < 0)
+                exit(1);
         for (int k = 1; k < 3; k++) {
             first[k - 1] += out[k][0] == out[0][0];
             whole[k - 1] += !memcmp(out[k], out[0], sizeof out[0]);
@@ -113,6 +106,7 @@ static void compare_generations(const Model *m, const Document *docs[3], const P
             printf("\n");
         }
     }
+    sampler_free(&greedy);
 }
 
 /* The held-out prompts after the exact document, the modules and no

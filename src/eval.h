@@ -1,13 +1,11 @@
 /* eval.h - what the programs measure with the method: the held-out
  * metrics of modules against the full cache and no document (evaluate),
- * generations many at a time (rollouts), answers, and sampling (eval.c).
+ * generations many at a time (rollouts) and answers (eval.c).
  */
 #ifndef NECTAR_EVAL_H
 #define NECTAR_EVAL_H
 
 #include "../nectar.h"
-
-typedef struct Sampler Sampler;  /* a token sampler (below) */
 
 typedef struct {
     int n_prompts, n_positions;   /* prompts, and next-token predictions counted */
@@ -143,21 +141,5 @@ int prompts_with_questions(const PromptSet *p, int split, int most, int *chosen,
  * -1 after a sentence. */
 int continue_questions(const Model *m, const Document *doc, const PromptSet *p, const int *chosen, int n,
                        int max_question, int length, int *seqs, int stride, const char *what);
-
-/* ------------------------------------------------------------------------ */
-/* Sampling: greedy, temperature, top-p (as llama2.c)                       */
-
-typedef struct { float prob; int index; } Candidate;
-struct Sampler {
-    float temperature, topp;
-    uint64_t rng;
-    Candidate *cand;  /* (V) probabilities, sorted for top-p */
-};
-
-void sampler_init(Sampler *s, int vocab_size, float temperature, float topp, uint64_t seed);
-void sampler_free(Sampler *s);
-/* Greedy at temperature 0; else a draw from softmax(logits / temperature),
- * restricted to the top-p mass when 0 < topp < 1. */
-int  sample(Sampler *s, const float *logits, int n);
 
 #endif

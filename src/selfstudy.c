@@ -144,7 +144,8 @@ unsigned char *split_prompts(int n, unsigned long long seed) {
 
 /* rollouts, for self-study's own run states: its failure (a sentence
  * already printed) ends the program, as no prompt set can be made. */
-static void generate(const SelfStudyInputs *in, RunState *s, const int stop[2], Sampler *sampler, Rollout *r, int n) {
+static void rollouts_or_exit(const SelfStudyInputs *in, RunState *s, const int stop[2], Sampler *sampler, Rollout *r,
+                             int n) {
     if (rollouts(in->model, s, in->doc, stop, sampler, r, n) != 0) exit(1);
 }
 
@@ -157,7 +158,7 @@ static int full_cache_rollout(const SelfStudyInputs *in, const int *tokens, int 
     RunState s;
     runstate_alloc(&s, in->model, in->doc, n, n + cap);
     Rollout one = {tokens, n, cap, out, 0};
-    generate(in, &s, stop, sampler, &one, 1);
+    rollouts_or_exit(in, &s, stop, sampler, &one, 1);
     runstate_free(&s);
     return one.len;
 }
@@ -191,7 +192,7 @@ static void make_spans(const SelfStudyOptions *o, const SelfStudyInputs *in, Pro
         lens[i] = len;
         if (!quote) batch[m++] = (Rollout){seq, half, len - half, seq + half, 0};  /* then the model's own tokens */
         if (m > 0 && (m == SPAN_BATCH || i + 1 == n)) {
-            generate(in, &s, no_stop, &sampler, batch, m);
+            rollouts_or_exit(in, &s, no_stop, &sampler, batch, m);
             m = 0;
             print_progress("spans", i + 1, n, t0);
         }
@@ -535,7 +536,7 @@ static void chat_generate(const SelfStudyInputs *in, RunState *s, Sampler *sampl
                           const int *at, int m) {
     Rollout r[CHAT_BATCH];
     for (int j = 0; j < m; j++) r[j] = (Rollout){cr->ids[at[j]], cr->n[at[j]], cr->cap[at[j]], cr->gen[at[j]], 0};
-    generate(in, s, stop, sampler, r, m);
+    rollouts_or_exit(in, s, stop, sampler, r, m);
     for (int j = 0; j < m; j++) {
         int last = r[j].len > 0 ? r[j].answer[r[j].len - 1] : -1;
         cr->len[at[j]] = last == stop[0] || last == stop[1] ? r[j].len : -1;
@@ -730,7 +731,7 @@ void make_far_prompts(const SelfStudyOptions *o, const SelfStudyInputs *in, cons
     int stride = max_question + length, *seqs = xmalloc(((size_t)n * stride + 1) * sizeof(int));  /* (n, stride) */
     if (n > 0 && length > 0 &&
         continue_questions(in->model, in->doc, &kept, chosen, n, max_question, length, seqs, stride,
-                           "prompts far from the document, batches") != 0) exit(1);  /* as generate */
+                           "prompts far from the document, batches") != 0) exit(1);  /* as rollouts_or_exit */
     for (int k = 0; k < n && length > 0; k++) add_prompt(&b, seqs + (size_t)k * stride, kept.question_len[chosen[k]] + length, 0);
     *out = b.set;
     free(seqs); free(chosen);

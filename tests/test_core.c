@@ -1857,6 +1857,113 @@ static void test_fit_in_pieces_equals_one_call(void) {
     model_free(&m);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Generation                                                               */
+
+/* The first step from `from` on whose token the run has not written
+ * before (a stop there ends the run at that step), or -1. */
+static int first_new_token_step(const int *tokens, int n, int from) {
+    for (int k = from; k < n; k++) {
+        int seen = 0;
+        for (int j = 0; j < k; j++) seen |= tokens[j] == tokens[k];
+        if (!seen) return k;
+    }
+    return -1;
+}
+
+/* generate's refusals (-1 after a sentence), and the context's last
+ * position: document n + prompt + max_new - 1 = T is accepted. */
+static void check_generate_refusals(const Model *m, const Document *doc, const int *prompt, int np, Sampler *greedy) {
+    const int no_stop[2] = {-1, -1};
+    int T = m->config.seq_len, room = T + 1 - doc->n - np, *out = xmalloc((room + 1) * sizeof(int));  /* (room + 1) */
+    int *bad = xmalloc(np * sizeof(int));  /* (np) the prompt with one id past the vocabulary */
+    memcpy(bad, prompt, np * sizeof(int));
+    bad[np / 2] = m->config.vocab_size;
+    check("refused: a prompt of no tokens", generate(m, doc, prompt, 0, 4, no_stop, greedy, out) == -1);
+    check("refused: max_new below 0", generate(m, doc, prompt, np, -1, no_stop, greedy, out) == -1);
+    check("refused: a token fed one position past the context",
+          generate(m, doc, prompt, np, room + 1, no_stop, greedy, out) == -1);
+    check("refused: a prompt id outside the vocabulary", generate(m, doc, bad, np, 4, no_stop, greedy, out) == -1);
+    check("max_new 0: no tokens", generate(m, doc, prompt, np, 0, no_stop, greedy, out) == 0);
+    check("the last token at position T (fed up to T - 1): all of them",
+          generate(m, doc, prompt, np, room, no_stop, greedy, out) == room);
+    free(bad);
+    free(out);
+}
+
+/* generate with a greedy sampler is naive_answer (the argmax of a whole
+ * forward per token, no decoding cache) after an exact document, a Nectar
+ * one (quadrature modules of the first half of the cache's pairs: not the
+ * exact state) and none; a stop ends the run at the step that writes it
+ * (kept); sampled runs repeat with their seed and not with another; and
+ * what it cannot run is refused. */
+static void test_generate_matches_argmax_loop(void) {
+    printf("generate: greedy against the argmax loop, stops, seeds, refusals\n");
+    Model m;
+    model_init_random(&m, small_gqa, 1, 42, 0.15f);
+    const Config *c = &m.config;
+    enum { NDOC = 40, NP = 9, NEW = 16, SAMPLED = 24 };
+    int V = c->vocab_size, doc_ids[NDOC], prompt[NP];
+    uint64_t rng = 31;
+    for (int i = 0; i < NDOC; i++) doc_ids[i] = 3 + rng_u32(&rng) % (V - 3);
+    for (int i = 0; i < NP; i++) prompt[i] = 3 + rng_u32(&rng) % (V - 3);
+    DocCache cache;
+    doccache_build(&cache, &m, doc_ids, NDOC, 16);
+    ModuleSet half;
+    int pairs[3] = {NDOC / 2, NDOC / 2, NDOC / 2};
+    moduleset_alloc(&half, ARCH_QUAD, c->n_layers, c->n_kv_heads, c->dim / c->n_heads, 0, 0, 0, pairs, 0);
+    quad_init_from_cache(&half, &cache);
+    half.n_doc = NDOC;
+    Document docs[3] = {{DOC_EXACT, NDOC, &cache, NULL, NULL}, {DOC_NECTAR, NDOC, NULL, &half, NULL}, NO_DOCUMENT};
+    const char *names[3] = {"exact", "Nectar (half the pairs)", "no document"};
+    const int no_stop[2] = {-1, -1};
+    Sampler greedy;
+    sampler_init(&greedy, V, 0.0f, 1.0f, 0);
+    int got[3][NEW], want[NEW];  /* each document's greedy tokens; the argmax loop's */
+    char what[128];
+    for (int k = 0; k < 3; k++) {
+        int n = generate(&m, &docs[k], prompt, NP, NEW, no_stop, &greedy, got[k]);
+        int n_want = naive_answer(&m, &docs[k], prompt, NP, no_stop, NEW, want);
+        snprintf(what, sizeof what, "%s: %d greedy tokens, the argmax loop's", names[k], NEW);
+        check(what, n == NEW && n_want == NEW && !memcmp(got[k], want, sizeof want));
+    }
+    check("the document matters (exact and no document's tokens differ)", memcmp(got[0], got[2], sizeof got[0]));
+
+    /* a stop: the token the exact run first writes at step k >= 2 */
+    int k = first_new_token_step(got[0], NEW, 2), stops[2][2] = {{-1, -1}, {-1, -1}};
+    printf("    stop at step %d (token %d)\n", k, k >= 0 ? got[0][k] : -1);
+    for (int slot = 0; slot < 2; slot++) {
+        stops[slot][slot] = k >= 0 ? got[0][k] : -1;
+        int n = generate(&m, &docs[0], prompt, NP, NEW, stops[slot], &greedy, want);
+        snprintf(what, sizeof what, "stop[%d]: %d tokens, the last the stop", slot, k + 1);
+        check(what, k >= 0 && n == k + 1 && !memcmp(want, got[0], (k + 1) * sizeof(int)));
+    }
+
+    /* sampled: temperature 1, top-p 0.9, seeds 7, 7 and 8. The random
+     * model spreads its next token over many of the V = 97 (seeds 7 and 8
+     * draw other tokens at every step here), and the seeds are fixed: the
+     * checks cannot be flaky. */
+    int drawn[3][SAMPLED], seeds[3] = {7, 7, 8}, n_drawn[3], parted = 0;
+    for (int r = 0; r < 3; r++) {
+        Sampler sampler;
+        sampler_init(&sampler, V, 1.0f, 0.9f, seeds[r]);
+        n_drawn[r] = generate(&m, &docs[0], prompt, NP, SAMPLED, no_stop, &sampler, drawn[r]);
+        sampler_free(&sampler);
+    }
+    for (int t = 0; t < SAMPLED; t++) parted += drawn[0][t] != drawn[2][t];
+    printf("    seeds 7 and 8 draw other tokens at %d of %d steps\n", parted, SAMPLED);
+    check("sampled, seed 7 twice: the same tokens",
+          n_drawn[0] == SAMPLED && n_drawn[1] == SAMPLED && !memcmp(drawn[0], drawn[1], sizeof drawn[0]));
+    check("sampled, seed 8: other tokens", n_drawn[2] == SAMPLED && memcmp(drawn[0], drawn[2], sizeof drawn[0]));
+    check("sampled tokens are not the greedy ones", memcmp(drawn[0], got[0], sizeof got[0]));
+
+    check_generate_refusals(&m, &docs[0], prompt, NP, &greedy);
+    sampler_free(&greedy);
+    moduleset_free(&half);
+    doccache_free(&cache);
+    model_free(&m);
+}
+
 int main(void) {
     test_exp_fast_matches_exp();
     test_merge_splits_attention_exactly();
@@ -1892,6 +1999,7 @@ int main(void) {
     test_module_file_keeps_answer_parts();
     test_drift_bins_with_oracle_modules();
     test_fit_in_pieces_equals_one_call();
+    test_generate_matches_argmax_loop();
     printf("%d passed, %d failed\n", n_passed, n_failed);
     return n_failed ? 1 : 0;
 }
