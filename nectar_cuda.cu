@@ -1039,6 +1039,14 @@ static void layer_forward_cuda(const Model *m, RunStateCuda *rs, const Document 
     matmul_cuda(ntok, F, D, s->hgate, w->w2 + (size_t)l * D * F, 1.0f, s->x);
 }
 
+/* The logits of the block's rows [first, first + rows) into s->logits (rows, V) on the device:
+ * logits = rmsnorm(x) Wcls^T. */
+static void logits_on_device(const Model *m, RunState *s, int first, int rows) {
+    const Config *c = &m->config;
+    rmsnorm_cuda(s->xb, s->x + (size_t)first * c->dim, m->w.rms_final, rows, c->dim, c->norm_eps);
+    matmul_cuda(rows, c->dim, c->vocab_size, s->xb, m->w.wcls, 0.0f, s->logits);
+}
+
 int forward_cuda(const Model *m, RunStateCuda *rs, const Document *doc, const int *tokens, int ntok, int pos,
                  int logits) {
     RunState *s = &rs->s;
@@ -1066,9 +1074,7 @@ int forward_cuda(const Model *m, RunStateCuda *rs, const Document *doc, const in
     if (logits == LOGITS_NONE) return 0;
     /* rows [first, ntok); LOGITS_LAST's one row lands in row 0, as on the CPU */
     int first = logits == LOGITS_ALL ? 0 : ntok - 1, rows = ntok - first;
-    rmsnorm_cuda(s->xb, s->x + (size_t)first * D, m->w.rms_final, rows, D, c->norm_eps);
-    /* logits (rows, V) = xb Wcls^T */
-    matmul_cuda(rows, D, V, s->xb, m->w.wcls, 0.0f, s->logits);
+    logits_on_device(m, s, first, rows);
     CUDA_CHECK(cudaMemcpy(rs->logits, s->logits, (size_t)rows * V * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
 }
@@ -1279,26 +1285,41 @@ static void layer_backward_cuda(const Model *m, RunStateCuda *rs, const Document
     rmsnorm_backward_cuda(b->dx, x_in, w->rms_att + (size_t)l * D, b->dxb, ntok, D, c->norm_eps);
 }
 
-int backward_cuda(const Model *m, RunStateCuda *rs, const Document *doc, int ntok, const float *dlogits) {
-    RunState *s = &rs->s;
-    BackwardBuffers *b = &s->back;
-    const Config *c = &m->config;
-    int D = c->dim, V = c->vocab_size, L = c->n_layers;
+/* 0 if rs can take the backward of its last block (ntok tokens), or -1
+ * after a sentence. */
+static int backward_check_cuda(const RunStateCuda *rs, const Document *doc, int ntok) {
+    const RunState *s = &rs->s;
     if (doc->next) {
         fprintf(stderr, "error: backward takes one document, not a composition\n");
         return -1;
     }
-    if (!b->saved_x || ntok != s->block_ntok || s->block_pos != 0) {
+    if (!s->back.saved_x || ntok != s->block_ntok || s->block_pos != 0) {
         fprintf(stderr, "error: backward needs a run state with backward enabled and the block just run from position 0\n");
         return -1;
     }
-    CUDA_CHECK(cudaMemcpy(rs->dlogits, dlogits, (size_t)ntok * V * sizeof(float), cudaMemcpyHostToDevice));
+    return 0;
+}
+
+/* The backward of the last block (checked) from the logits' gradient in
+ * rs->dlogits (ntok, V) on the device, into the modules' gradients. */
+static void backward_from_device(const Model *m, RunStateCuda *rs, const Document *doc, int ntok) {
+    RunState *s = &rs->s;
+    BackwardBuffers *b = &s->back;
+    const Config *c = &m->config;
+    int D = c->dim, V = c->vocab_size, L = c->n_layers;
     /* logits = rmsnorm(x_L) Wcls^T */
     const float *x_final = b->saved_x + (size_t)L * s->max_block * D;
     input_grad_cuda(ntok, D, V, rs->dlogits, m->w.wcls, 0.0f, b->dxb);
     CUDA_CHECK(cudaMemset(b->dx, 0, (size_t)ntok * D * sizeof(float)));
     rmsnorm_backward_cuda(b->dx, x_final, m->w.rms_final, b->dxb, ntok, D, c->norm_eps);
     for (int l = L - 1; l >= 0; l--) layer_backward_cuda(m, rs, doc, l, ntok);
+}
+
+int backward_cuda(const Model *m, RunStateCuda *rs, const Document *doc, int ntok, const float *dlogits) {
+    if (backward_check_cuda(rs, doc, ntok) != 0) return -1;
+    size_t bytes = (size_t)ntok * m->config.vocab_size * sizeof(float);
+    CUDA_CHECK(cudaMemcpy(rs->dlogits, dlogits, bytes, cudaMemcpyHostToDevice));
+    backward_from_device(m, rs, doc, ntok);
     return 0;
 }
 
@@ -1337,6 +1358,80 @@ int doccache_build_cuda(DocCache *dev, const Model *m, const int *tokens, int n,
 /* Device copies of the modules (with gradients), of their AdamW moments,
  * of the targets and of the model, a batch, and the student of the KL term
  * (the Nectar model on the device modules). */
+/* log sum_j exp(x_j) over a row of n, by one block (every thread gets it). */
+__device__ float row_logsumexp(const float *x, int n, float *buf) {
+    float max = -INFINITY, sum = 0.0f;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) max = fmaxf(max, x[j]);
+    max = block_max(max, buf);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) sum += expf(x[j] - max);
+    return max + logf(block_sum(sum, buf));
+}
+
+/* The KL term at one position (a block per row t), kl_loss and
+ * kl_loss_top_k of nectar.c in fp32. The student's log-probabilities are
+ * lq_j = z_j - logsumexp(z). Against the teacher's whole distribution
+ * (k = 0, its logits y, lp_j = y_j - logsumexp(y)):
+ *   KL_t = sum_j p_j (lp_j - lq_j),   dKL_t/dz_j = q_j - p_j;
+ * against its top k (ids, lp_r) and the rest's mass p_rest (k > 0):
+ *   KL_t = sum_r p_r (lp_r - lq_{id_r}) + p_rest (log p_rest - log q_rest),
+ *   dKL_t/dz_j = q_j - p_j (j kept),  q_j (1 - p_rest / q_rest) (j in the rest),
+ * q_rest summed over the rest itself (no 1 - sum): the kept tokens are
+ * marked -1 in g first. The gradient times scale into g = dlogits (row t),
+ * KL_t into row_kl[t]. */
+__global__ void kl_term_kernel(const float *z, const float *y, const int *ids, const float *logp,
+                               const float *log_rest, int k, int V, float scale, float *dlogits, float *row_kl) {
+    __shared__ float buf[32];
+    int t = blockIdx.x;
+    const float *zt = z + (size_t)t * V;  /* (V) */
+    float *g = dlogits + (size_t)t * V;   /* (V) */
+    float lse_z = row_logsumexp(zt, V, buf), kl = 0.0f;
+    if (k == 0) {
+        const float *yt = y + (size_t)t * V;
+        float lse_y = row_logsumexp(yt, V, buf);
+        for (int j = threadIdx.x; j < V; j += blockDim.x) {
+            float lp = yt[j] - lse_y, lq = zt[j] - lse_z;
+            kl += expf(lp) * (lp - lq);
+            g[j] = scale * (expf(lq) - expf(lp));
+        }
+        kl = block_sum(kl, buf);
+        if (threadIdx.x == 0) row_kl[t] = kl;
+        return;
+    }
+    ids += (size_t)t * k;
+    logp += (size_t)t * k;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) g[j] = expf(zt[j] - lse_z);
+    __syncthreads();
+    for (int r = threadIdx.x; r < k; r += blockDim.x) g[ids[r]] = -1.0f;
+    __syncthreads();
+    float q_rest = 0.0f;
+    for (int j = threadIdx.x; j < V; j += blockDim.x) q_rest += g[j] >= 0.0f ? g[j] : 0.0f;
+    q_rest = block_sum(q_rest, buf);  /* also the barrier before g is rewritten */
+    float p_rest = expf(log_rest[t]), rest_scale = p_rest > 0.0f ? 1.0f - p_rest / q_rest : 1.0f;
+    for (int j = threadIdx.x; j < V; j += blockDim.x)
+        g[j] = g[j] >= 0.0f ? scale * g[j] * rest_scale : scale * expf(zt[j] - lse_z);
+    __syncthreads();
+    for (int r = threadIdx.x; r < k; r += blockDim.x) {
+        float p = expf(logp[r]);
+        kl += p * (logp[r] - (zt[ids[r]] - lse_z));
+        g[ids[r]] -= scale * p;
+    }
+    kl = block_sum(kl, buf);
+    if (threadIdx.x == 0) row_kl[t] = kl + (p_rest > 0.0f ? p_rest * (log_rest[t] - logf(q_rest)) : 0.0f);
+}
+
+double kl_term_cuda(const TeacherRows *teacher, const float *z, int len, int V, float weight, float *dlogits,
+                    float *row_kl) {
+    kl_term_kernel<<<len, THREADS>>>(z, teacher->logits, teacher->ids, teacher->logp, teacher->rest, teacher->k, V,
+                                     weight / len, dlogits, row_kl);
+    CUDA_CHECK(cudaGetLastError());
+    float *host = (float *)xmalloc(len * sizeof(float));  /* (len) each position's KL */
+    CUDA_CHECK(cudaMemcpy(host, row_kl, len * sizeof(float), cudaMemcpyDeviceToHost));
+    double total = 0;
+    for (int t = 0; t < len; t++) total += host[t];
+    free(host);
+    return total / len;
+}
+
 typedef struct {
     ModuleSet ms;
     float *m, *v;        /* (n_params) */
@@ -1346,7 +1441,39 @@ typedef struct {
     Model model;
     Document student_doc;
     RunStateCuda student;
+    TeacherRows teacher;  /* one prompt's teacher rows on the device (max_len positions): logits (k = 0) or top k */
+    float *row_kl;        /* (max_len) each position's KL */
 } GpuFit;
+
+/* Device room for one prompt's teacher rows (len positions): its top k
+ * (k > 0) or its logits. */
+static void teacher_rows_alloc(TeacherRows *d, int k, int len, int V) {
+    *d = (TeacherRows){NULL, k, NULL, NULL, NULL};
+    if (k == 0) {
+        d->logits = (float *)cuda_xmalloc((size_t)len * V * sizeof(float));  /* (len, V) */
+        return;
+    }
+    d->ids = (int *)cuda_xmalloc((size_t)len * k * sizeof(int));      /* (len, k) */
+    d->logp = (float *)cuda_xmalloc((size_t)len * k * sizeof(float));  /* (len, k) */
+    d->rest = (float *)cuda_xmalloc(len * sizeof(float));              /* (len) */
+}
+
+static void teacher_rows_free(TeacherRows *d) {
+    CUDA_CHECK(cudaFree((void *)d->logits)); CUDA_CHECK(cudaFree((void *)d->ids));
+    CUDA_CHECK(cudaFree((void *)d->logp)); CUDA_CHECK(cudaFree((void *)d->rest));
+}
+
+/* A prompt's teacher rows (host, len positions) into d on the device. */
+static void teacher_rows_upload(const TeacherRows *d, const TeacherRows *host, int len, int V) {
+    if (d->k == 0) {
+        CUDA_CHECK(cudaMemcpy((void *)d->logits, host->logits, (size_t)len * V * sizeof(float), cudaMemcpyHostToDevice));
+        return;
+    }
+    size_t rows = (size_t)len * d->k;
+    CUDA_CHECK(cudaMemcpy((void *)d->ids, host->ids, rows * sizeof(int), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy((void *)d->logp, host->logp, rows * sizeof(float), cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy((void *)d->rest, host->rest, len * sizeof(float), cudaMemcpyHostToDevice));
+}
 
 static void gpu_start(Fit *f) {
     GpuFit *g = (GpuFit *)xmalloc(sizeof(GpuFit));
@@ -1368,6 +1495,8 @@ static void gpu_start(Fit *f) {
     if (fit_uses_kl(&f->o)) {
         runstate_alloc_cuda(&g->student, &g->model, &g->student_doc, max_len, max_len);
         runstate_enable_backward_cuda(&g->student, &g->model);
+        teacher_rows_alloc(&g->teacher, f->td->top_k, max_len, c->vocab_size);
+        g->row_kl = (float *)cuda_xmalloc(max_len * sizeof(float));
     }
 }
 
@@ -1380,11 +1509,16 @@ static double gpu_regression(Fit *f, const long *pos) {
                                  f->stage->weight_alpha, f->stage->weight_A);
 }
 
+/* The KL term on the device: the student's logits never leave it; only
+ * the teacher's rows come in and each position's KL goes out. */
 static double gpu_kl(Fit *f, const int *tokens, int len, const TeacherRows *teacher, float weight) {
     GpuFit *g = (GpuFit *)f->device;
-    forward_cuda(&g->model, &g->student, &g->student_doc, tokens, len, 0, LOGITS_ALL);
-    double kl = kl_term(teacher, g->student.logits, len, g->model.config.vocab_size, weight, f->dlogits);
-    backward_cuda(&g->model, &g->student, &g->student_doc, len, f->dlogits);
+    int V = g->model.config.vocab_size;
+    forward_cuda(&g->model, &g->student, &g->student_doc, tokens, len, 0, LOGITS_NONE);
+    logits_on_device(&g->model, &g->student.s, 0, len);
+    teacher_rows_upload(&g->teacher, teacher, len, V);
+    double kl = kl_term_cuda(&g->teacher, g->student.s.logits, len, V, weight, g->student.dlogits, g->row_kl);
+    backward_from_device(&g->model, &g->student, &g->student_doc, len);
     return kl;
 }
 
@@ -1411,7 +1545,11 @@ static void gpu_finish(Fit *f) {
     GpuFit *g = (GpuFit *)f->device;
     gpu_download(f);
     CUDA_CHECK(cudaFree(g->m)); CUDA_CHECK(cudaFree(g->v));
-    if (fit_uses_kl(&f->o)) runstate_free_cuda(&g->student);
+    if (fit_uses_kl(&f->o)) {
+        runstate_free_cuda(&g->student);
+        teacher_rows_free(&g->teacher);
+        CUDA_CHECK(cudaFree(g->row_kl));
+    }
     model_free_cuda(&g->model);
     fitbatch_free_cuda(&g->batch);
     modulework_free_cuda(&g->work);

@@ -183,6 +183,13 @@ void runstate_enable_backward_cuda(RunStateCuda *s, const Model *m);
  * into their grads) and leaves dL/d(layer 0's input) in s->s.dx. The
  * model's own gradients are not computed on the GPU. */
 int backward_cuda(const Model *m, RunStateCuda *s, const Document *doc, int ntok, const float *dlogits);
+/* kl_term (src/compile.c) on the device in fp32, for train --gpu's KL
+ * term: the student's logits z (len, V) and the teacher's rows (its
+ * logits, or its top k) on the device; the gradient times weight into
+ * dlogits (len, V) and each position's KL into row_kl (len), both on the
+ * device. Returns the KL averaged over the positions. */
+double kl_term_cuda(const TeacherRows *teacher, const float *z, int len, int V, float weight, float *dlogits,
+                    float *row_kl);
 
 /* ------------------------------------------------------------------------ */
 /* The fit on the GPU                                                       */

@@ -449,6 +449,41 @@ static void test_clip_matches_cpu(size_t n, double norm) {
     CUDA_CHECK(cudaFree(g_d));
 }
 
+/* kl_term_cuda against kl_term (src/compile.c, in double) on len random
+ * positions of a vocabulary of V: the teacher's whole distribution (k = 0)
+ * or its top k (top_k_logprobs); the KL and its gradient, times the
+ * weight. The logits' spread (std) makes the distributions peaked. */
+static void test_kl_term_matches_cpu(int len, int V, int k, float std) {
+    char what[160];
+    uint64_t rng = 171 + len + V + k;
+    size_t n = (size_t)len * V;
+    float *z = host_floats(n), *y = host_floats(n), *ref = host_floats(n), weight = 0.7f;
+    fill_normal(z, n, std, &rng);
+    fill_normal(y, n, std, &rng);
+    int *ids = (int *)xmalloc((size_t)len * (k ? k : 1) * sizeof(int));
+    float *logp = host_floats((size_t)len * (k ? k : 1)), *rest = host_floats(len);
+    for (int t = 0; t < len && k; t++)
+        top_k_logprobs(y + (size_t)t * V, V, k, ids + (size_t)t * k, logp + (size_t)t * k, rest + t);
+    TeacherRows host = {k ? NULL : y, k, k ? ids : NULL, k ? logp : NULL, k ? rest : NULL};
+    double kl_cpu = kl_term(&host, z, len, V, weight, ref);
+    float *z_d = upload(z, n), *y_d = upload(y, n), *logp_d = upload(logp, (size_t)len * k), *rest_d = upload(rest, len);
+    float *g_d = device_nan(n), *row_kl_d = device_nan(len);
+    int *ids_d = (int *)cuda_xmalloc((size_t)len * (k ? k : 1) * sizeof(int));
+    CUDA_CHECK(cudaMemcpy(ids_d, ids, (size_t)len * k * sizeof(int), cudaMemcpyHostToDevice));
+    TeacherRows dev = {k ? NULL : y_d, k, k ? ids_d : NULL, k ? logp_d : NULL, k ? rest_d : NULL};
+    double kl_gpu = kl_term_cuda(&dev, z_d, len, V, weight, g_d, row_kl_d);
+    float *got = download(g_d, n);
+    snprintf(what, sizeof(what), "KL term %d x %d, %s, std %g: KL (CPU %.7g, GPU %.7g)", len, V,
+             k ? "top k" : "whole vocabulary", std, kl_cpu, kl_gpu);
+    check(what, fabs(kl_gpu - kl_cpu) <= 1e-5 * kl_cpu + 1e-6);
+    snprintf(what, sizeof(what), "KL term %d x %d, %s (k %d): its gradient", len, V, k ? "top k" : "whole vocabulary", k);
+    check_close_f(what, got, ref, n, 1e-6 * weight / len, 1e-3);
+    free(z); free(y); free(ref); free(ids); free(logp); free(rest); free(got);
+    float *dev_bufs[] = {z_d, y_d, logp_d, rest_d, g_d, row_kl_d};
+    for (int i = 0; i < 6; i++) CUDA_CHECK(cudaFree(dev_bufs[i]));
+    CUDA_CHECK(cudaFree(ids_d));
+}
+
 /* ------------------------------------------------------------------------ */
 /* The forward pass                                                         */
 
@@ -708,6 +743,14 @@ int main(void) {
     test_clip_matches_cpu(300000, 3.0);
     test_fit_matches_cpu(ARCH_MLP, 16, 37, 17, 12, 0.5f, ADAM_BETA2);
     test_fit_matches_cpu(ARCH_QUAD, 16, 13, 9, 12, 2.0f, 0.95f);  /* pretraining's beta2 */
+
+    printf("the KL term (the teacher's whole distribution, or its top k and the rest)\n");
+    test_kl_term_matches_cpu(7, 67, 0, 2.0f);
+    test_kl_term_matches_cpu(7, 67, 5, 2.0f);
+    test_kl_term_matches_cpu(37, 300, 16, 3.0f);
+    test_kl_term_matches_cpu(5, 49152, 32, 3.0f);   /* SmolLM2's vocabulary and the chat recipe's k */
+    test_kl_term_matches_cpu(5, 49152, 0, 3.0f);
+    test_kl_term_matches_cpu(3, 300, 300, 2.0f);    /* k = V: no rest */
 
     printf("forward pass: prefill, exact / Nectar / no-document decode\n");
     Config small = {64, 96, 2, 4, 2, 67, 256, LLAMA2C_ROPE_THETA, LLAMA2C_NORM_EPS};    /* GQA 2, odd vocabulary */
