@@ -46,6 +46,13 @@ void *cuda_malloc_check(size_t n, const char *file, int line);
 int  nectar_cuda_init(void);
 void nectar_cuda_free(void);
 
+/* The operations queued on the device since the last reset: kernel
+ * launches, copies and memsets (cudaMemcpy*, cudaMemset*), cuBLAS calls.
+ * A decode step is bound by their count (each costs a launch's latency),
+ * so benchmark --gpu prints it per decoded token. */
+long nectar_cuda_ops(void);
+void nectar_cuda_ops_reset(void);
+
 /* ------------------------------------------------------------------------ */
 /* Row-wise and elementwise ops of the transformer                          */
 
