@@ -224,28 +224,33 @@ __device__ void attention_state_device(int seen, int d, const float *qs, const f
     }
 }
 
-/* One block per query i; shared memory: q_i (d), acc (blockDim.x). */
+/* Grid (nq, sets): block (i, b) is query i of set b, row b nq + i of q, A,
+ * lse and scores; set b's keys and values are b kv_stride floats further than
+ * set 0's. Shared memory: q_i (d), acc (blockDim.x). */
 __global__ void attention_states_kernel(int nk, int d, const float *q, int ldq,
-                                        const float *k, const float *v, int ldkv, int visible,
+                                        const float *k, const float *v, int ldkv, size_t kv_stride, int visible,
                                         float *A, int ldA, float *lse, int ldlse, float *scores) {
     extern __shared__ float smem[];
     __shared__ float buf[32];
     float *qs = smem, *acc = smem + d;
     int i = blockIdx.x;
-    float *row = scores + (size_t)i * nk;  /* (nk) */
-    float *Ai = A + (size_t)i * ldA;       /* (d) */
+    size_t r = (size_t)blockIdx.y * gridDim.x + i;  /* the block's row */
+    k += blockIdx.y * kv_stride;
+    v += blockIdx.y * kv_stride;
+    float *row = scores + r * nk;  /* (nk) */
+    float *Ai = A + r * ldA;       /* (d) */
     long long sees = (long long)visible + i;
     int seen = sees < nk ? (int)sees : nk;
     if (seen <= 0) {  /* empty set: state (0, -inf) */
         for (int j = threadIdx.x; j < nk; j += blockDim.x) row[j] = 0.0f;
         for (int c = threadIdx.x; c < d; c += blockDim.x) Ai[c] = 0.0f;
-        if (threadIdx.x == 0) lse[(size_t)i * ldlse] = -INFINITY;
+        if (threadIdx.x == 0) lse[r * ldlse] = -INFINITY;
         return;
     }
-    for (int c = threadIdx.x; c < d; c += blockDim.x) qs[c] = q[(size_t)i * ldq + c];
+    for (int c = threadIdx.x; c < d; c += blockDim.x) qs[c] = q[r * ldq + c];
     for (int j = seen + threadIdx.x; j < nk; j += blockDim.x) row[j] = 0.0f;  /* masked keys: P = 0 */
     __syncthreads();
-    attention_state_device(seen, d, qs, k, v, ldkv, row, Ai, lse + (size_t)i * ldlse, acc, buf);
+    attention_state_device(seen, d, qs, k, v, ldkv, row, Ai, lse + r * ldlse, acc, buf);
 }
 
 static void check_head_size(int d) {
@@ -254,15 +259,24 @@ static void check_head_size(int d) {
     exit(1);
 }
 
+/* attention_states_cuda over `sets` sets of nq queries in one launch: set
+ * b's queries are rows b nq .. b nq + nq - 1 of q, A, lse and scores, its
+ * keys and values b kv_stride floats further than set 0's. */
+static void attention_states_sets_cuda(int sets, size_t kv_stride, int nq, int nk, int d, const float *q, int ldq,
+                                       const float *k, const float *v, int ldkv, int visible,
+                                       float *A, int ldA, float *lse, int ldlse, float *scores) {
+    if (nq <= 0 || sets <= 0) return;
+    check_head_size(d);
+    size_t smem = (size_t)(d + THREADS) * sizeof(float);
+    attention_states_kernel<<<dim3(nq, sets), THREADS, smem>>>(nk, d, q, ldq, k, v, ldkv, kv_stride, visible,
+                                                               A, ldA, lse, ldlse, scores);
+    LAUNCH_CHECK();
+}
+
 void attention_states_cuda(int nq, int nk, int d, const float *q, int ldq,
                            const float *k, const float *v, int ldkv, int visible,
                            float *A, int ldA, float *lse, int ldlse, float *scores) {
-    if (nq <= 0) return;
-    check_head_size(d);
-    size_t smem = (size_t)(d + THREADS) * sizeof(float);
-    attention_states_kernel<<<nq, THREADS, smem>>>(nk, d, q, ldq, k, v, ldkv, visible,
-                                                   A, ldA, lse, ldlse, scores);
-    LAUNCH_CHECK();
+    attention_states_sets_cuda(1, 0, nq, nk, d, q, ldq, k, v, ldkv, visible, A, ldA, lse, ldlse, scores);
 }
 
 /* Version 2: nectar.c's own structure on the GPU. s = Q K^T / sqrt(d) and
@@ -459,18 +473,26 @@ int moduleset_upload_cuda(ModuleSet *dev, const ModuleSet *host, int with_grads)
     *dev = *host;
     size_t count = (size_t)host->n_layers * host->n_kv_heads;
     dev->modules = (Module *)xmalloc(count * sizeof(Module));
-    dev->params = (float *)cuda_xmalloc(host->n_params * sizeof(float));  /* (n_params) */
+    /* (n_params + L G): the parameters, then every module's input_scale (input_scales_cuda) */
+    dev->params = (float *)cuda_xmalloc((host->n_params + count) * sizeof(float));
     dev->grads = with_grads ? (float *)cuda_xmalloc(host->n_params * sizeof(float)) : NULL;
     DEVICE_OP(cudaMemcpy(dev->params, host->params, host->n_params * sizeof(float), cudaMemcpyHostToDevice));
+    float *scales = (float *)xmalloc(count * sizeof(float));  /* (L G) */
     for (size_t i = 0; i < count; i++) {
         dev->modules[i] = host->modules[i];
         size_t offset = host->modules[i].params - host->params;
         dev->modules[i].params = dev->params + offset;
         dev->modules[i].grads = dev->grads ? dev->grads + offset : NULL;
+        scales[i] = host->modules[i].input_scale;
     }
+    DEVICE_OP(cudaMemcpy(dev->params + host->n_params, scales, count * sizeof(float), cudaMemcpyHostToDevice));
+    free(scales);
     memset(&dev->heldout, 0, sizeof(dev->heldout));  /* prompts stay with the host set */
     return 0;
 }
+
+/* Module i's input_scale, on the device: (L G) floats after the parameters. */
+static const float *input_scales_cuda(const ModuleSet *dev) { return dev->params + dev->n_params; }
 
 void moduleset_download_cuda(ModuleSet *host, const ModuleSet *dev) {
     DEVICE_OP(cudaMemcpy(host->params, dev->params, host->n_params * sizeof(float), cudaMemcpyDeviceToHost));
@@ -513,10 +535,36 @@ static void scale_cuda(float *y, const float *x, float scale, size_t n) {
     LAUNCH_CHECK();
 }
 
-/* h = SiLU(pre), elementwise */
-__global__ void silu_kernel(float *h, const float *pre, size_t n) {
+/* y_i = input_scale_g x_i for the `per_module` floats of each module g:
+ * x = input_scale q forward, dq = input_scale dx backward. */
+__global__ void input_scale_kernel(float *y, const float *x, const float *input_scale, size_t per_module, size_t n) {
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i < n) h[i] = silu(pre[i]);
+    if (i < n) y[i] = input_scale[i / per_module] * x[i];
+}
+
+static void input_scale_cuda(float *y, const float *x, const float *input_scale, size_t per_module, size_t n) {
+    input_scale_kernel<<<blocks_for(n, THREADS), THREADS>>>(y, x, input_scale, per_module, n);
+    LAUNCH_CHECK();
+}
+
+/* A hidden layer's epilogue: pre += b, h = SiLU(pre), with module g's b
+ * (n_out) for its N rows of pre, h (count, N, n_out). */
+__global__ void bias_silu_kernel(float *pre, float *h, const float *b, size_t b_stride, int count, int N, int n_out) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x, per = (size_t)N * n_out;
+    if (i >= count * per) return;
+    pre[i] += b[(i / per) * b_stride + i % n_out];
+    h[i] = silu(pre[i]);
+}
+
+/* The heads' epilogue, one thread per (row r, output c <= d) of module
+ * g = r / N: c < d: A_rc += bt_gc; c = d: a_r += bs_g. */
+__global__ void head_biases_kernel(float *a, float *A, const float *bs, const float *bt, size_t stride, int rows,
+                                   int N, int d) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x, r = i / (d + 1), c = i % (d + 1);
+    if (r >= (size_t)rows) return;
+    size_t g = r / N;
+    if (c < (size_t)d) A[r * d + c] += bt[g * stride + c];
+    else a[r] += bs[g * stride];
 }
 
 /* dpre *= SiLU'(pre) = s (1 + pre (1 - s)), s = sigmoid(pre) */
@@ -525,12 +573,6 @@ __global__ void silu_backward_kernel(float *dpre, const float *pre, size_t n) {
     if (i >= n) return;
     float sg = 1.0f / (1.0f + expf(-pre[i]));
     dpre[i] *= sg * (1.0f + pre[i] * (1.0f - sg));
-}
-
-/* Row r of matrix g of out (count, N, n_out) = b + g b_stride, (n_out). */
-__global__ void fill_rows_kernel(float *out, const float *b, size_t b_stride, int count, int N, int n_out) {
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x, per = (size_t)N * n_out;
-    if (i < count * per) out[i] = b[(i / per) * b_stride + i % n_out];
 }
 
 /* db_g (n_out, stride db_stride) += sum over the N rows of dout_g (N, n_out),
@@ -576,19 +618,9 @@ static void input_grad_batched(int count, int N, int n_in, int n_out, const floa
                                            &beta, din, n_in, (long long)s_din, count));
 }
 
-/* out_g (N, n_out) = in_g (N, n_in) W_g^T + b_g: a batch of linear layers.
- * Inputs and outputs are dense (N rows per module); weights are `stride`
- * apart. */
-static void linear_forward_batched(int count, int N, int n_in, int n_out, const float *in, const float *W,
-                                   const float *b, size_t stride, float *out) {
-    size_t n = (size_t)count * N * n_out;
-    fill_rows_kernel<<<blocks_for(n, THREADS), THREADS>>>(out, b, stride, count, N, n_out);
-    LAUNCH_CHECK();
-    matmul_batched(count, N, n_in, n_out, in, (size_t)N * n_in, W, stride, 1.0f, out, (size_t)N * n_out);
-}
-
-/* Backward of linear_forward_batched: dW, db (when not NULL) and din (when
- * not NULL) accumulate. */
+/* Backward of out_g (N, n_out) = in_g (N, n_in) W_g^T + b_g, a batch of
+ * linear layers (dense: N rows per module; weights `stride` apart): dW, db
+ * (when not NULL) and din (when not NULL) accumulate. */
 static void linear_backward_batched(int count, int N, int n_in, int n_out, const float *in, const float *W,
                                     const float *dout, size_t stride, float *dW, float *db, float *din) {
     weight_grad_batched(count, N, n_in, n_out, dout, (size_t)N * n_out, in, (size_t)N * n_in, dW, stride);
@@ -634,22 +666,124 @@ void modules_forward_cuda(const ModuleSet *s, int first, int count, ModuleWork *
     MlpParams p;  /* module `first`'s tensors; module g's are g * stride further */
     mlp_layout(d, width, Db, Ds, Dt, mod->params, &p);
     size_t layer_size = (size_t)count * N * width;  /* one hidden layer of every module: (count, N, w) */
-    for (int g = 0; g < count; g++) scale_cuda(w->x + g * nd, q + g * nd, s->modules[first + g].input_scale, nd);
+    input_scale_cuda(w->x, q, input_scales_cuda(s) + first, nd, count * nd);  /* x = input_scale q */
     for (int i = 0; i < Db + Ds + Dt; i++) {
         float *pre = w->pre + i * layer_size, *hid = w->hid + i * layer_size;  /* (count, N, w) each */
         int prev = mlp_prev(i, Db, Ds);
-        linear_forward_batched(count, N, d, width, w->x, p.Vq[i], p.b[i], stride, pre);  /* Vq x + b */
+        matmul_batched(count, N, d, width, w->x, nd, p.Vq[i], stride, 0.0f, pre, (size_t)N * width);  /* Vq x */
         if (prev >= 0)  /* + U h_prev */
             matmul_batched(count, N, width, width, w->hid + prev * layer_size, (size_t)N * width, p.U[i], stride,
                            1.0f, pre, (size_t)N * width);
-        silu_kernel<<<blocks_for(layer_size, THREADS), THREADS>>>(hid, pre, layer_size);  /* h = SiLU(pre) */
-        LAUNCH_CHECK();
+        bias_silu_kernel<<<blocks_for(layer_size, THREADS), THREADS>>>(pre, hid, p.b[i], stride, count, N, width);
+        LAUNCH_CHECK();  /* pre += b, h = SiLU(pre) */
     }
     int hs = mlp_head_input(0, Db, Ds, Dt), ht = mlp_head_input(1, Db, Ds, Dt);
-    const float *in_s = hs >= 0 ? w->hid + hs * layer_size : w->x;  /* (count, N, w) or (count, N, d) */
-    const float *in_t = ht >= 0 ? w->hid + ht * layer_size : w->x;
-    linear_forward_batched(count, N, hs >= 0 ? width : d, 1, in_s, p.ws, p.bs, stride, a);  /* a = ws . h + bs */
-    linear_forward_batched(count, N, ht >= 0 ? width : d, d, in_t, p.Wt, p.bt, stride, A);  /* A = Wt h + bt */
+    int n_s = hs >= 0 ? width : d, n_t = ht >= 0 ? width : d;
+    const float *in_s = hs >= 0 ? w->hid + hs * layer_size : w->x;  /* (count, N, n_s) */
+    const float *in_t = ht >= 0 ? w->hid + ht * layer_size : w->x;  /* (count, N, n_t) */
+    matmul_batched(count, N, n_s, 1, in_s, (size_t)N * n_s, p.ws, stride, 0.0f, a, N);   /* a = ws . h_s */
+    matmul_batched(count, N, n_t, d, in_t, (size_t)N * n_t, p.Wt, stride, 0.0f, A, nd);  /* A = Wt h_t */
+    head_biases_kernel<<<blocks_for((size_t)count * N * (d + 1), THREADS), THREADS>>>(a, A, p.bs, p.bt, stride,
+                                                                                    count * N, N, d);
+    LAUNCH_CHECK();  /* a += bs, A += bt */
+}
+
+/* Version 2, the same interface and results, in one launch: for a decode
+ * step's few queries (H / G per module), where modules_forward_cuda's dozen
+ * small products and kernels each cost a launch's latency. */
+
+/* An MLP module's layout for a kernel argument: mlp_layout's tensors as
+ * offsets from the module's first parameter, and its wiring. */
+typedef struct {
+    int d, width, n_hidden;
+    int prev[MAX_HIDDEN];  /* mlp_prev: the hidden layer feeding layer i, -1: x */
+    int head_input[2];     /* mlp_head_input: the layer feeding the score and the target head, -1: x */
+    size_t Vq[MAX_HIDDEN], U[MAX_HIDDEN], b[MAX_HIDDEN], ws, bs, Wt, bt;  /* U[i]: 0 when prev[i] < 0 */
+} MlpPlan;
+
+static MlpPlan mlp_plan(const ModuleSet *s, const Module *mod) {
+    int Db = s->depth_backbone, Ds = s->depth_score, Dt = s->depth_target;
+    const float *base = mod->params;
+    MlpParams p;
+    mlp_layout(s->head_size, mod->width, Db, Ds, Dt, mod->params, &p);
+    MlpPlan plan;
+    memset(&plan, 0, sizeof(plan));
+    plan.d = s->head_size;
+    plan.width = mod->width;
+    plan.n_hidden = Db + Ds + Dt;
+    for (int i = 0; i < plan.n_hidden; i++) {
+        plan.prev[i] = mlp_prev(i, Db, Ds);
+        plan.Vq[i] = p.Vq[i] - base;
+        plan.U[i] = p.U[i] ? p.U[i] - base : 0;
+        plan.b[i] = p.b[i] - base;
+    }
+    for (int head = 0; head < 2; head++) plan.head_input[head] = mlp_head_input(head, Db, Ds, Dt);
+    plan.ws = p.ws - base; plan.bs = p.bs - base; plan.Wt = p.Wt - base; plan.bt = p.bt - base;
+    return plan;
+}
+
+/* w . x over n floats by one warp, lanes along w (coalesced); every lane
+ * gets the sum. */
+__device__ float warp_dot(const float *w, const float *x, int n) {
+    float sum = 0.0f;
+    for (int i = threadIdx.x & 31; i < n; i += 32) sum += w[i] * x[i];
+    return warp_sum(sum);
+}
+
+/* One block per query row r, of module g = r / N, through all its layers:
+ *   x = input_scale_g q_r,  pre_i = Vq_i x + U_i h_prev(i) + b_i,  h_i = SiLU(pre_i),
+ *   a_r = ws . h_s + bs,  A_r = Wt h_t + bt.
+ * Warp k computes outputs k, k + n_warps, ... of a layer. x (rows, d), pre
+ * and hid (n_hidden, rows, w) are written where modules_forward_cuda leaves
+ * them (the backward reads them); a layer reads the earlier ones back after
+ * a barrier, which makes a block's global writes visible to the block. */
+__global__ void mlp_forward_kernel(MlpPlan plan, const float *params, size_t stride, const float *input_scale,
+                                   const float *q, int N, float *x, float *pre, float *hid, float *a, float *A) {
+    int d = plan.d, width = plan.width, g = blockIdx.x / N;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    size_t r = blockIdx.x, layer_size = (size_t)gridDim.x * width;  /* one hidden layer of every row */
+    const float *p = params + g * stride;                            /* module g's parameters */
+    float *xr = x + r * d;                                           /* (d) */
+    for (int c = threadIdx.x; c < d; c += blockDim.x) xr[c] = input_scale[g] * q[r * d + c];
+    __syncthreads();
+    for (int i = 0; i < plan.n_hidden; i++) {
+        float *pre_r = pre + i * layer_size + r * width, *hid_r = hid + i * layer_size + r * width;  /* (w) */
+        const float *h_prev = plan.prev[i] >= 0 ? hid + plan.prev[i] * layer_size + r * width : NULL;  /* (w) */
+        for (int o = warp; o < width; o += n_warps) {
+            float z = warp_dot(p + plan.Vq[i] + (size_t)o * d, xr, d);
+            if (h_prev) z += warp_dot(p + plan.U[i] + (size_t)o * width, h_prev, width);
+            if (lane == 0) {
+                pre_r[o] = z + p[plan.b[i] + o];
+                hid_r[o] = silu(pre_r[o]);
+            }
+        }
+        __syncthreads();  /* layer i is read by the layers after it */
+    }
+    int hs = plan.head_input[0], ht = plan.head_input[1], n_s = hs >= 0 ? width : d, n_t = ht >= 0 ? width : d;
+    const float *in_s = hs >= 0 ? hid + hs * layer_size + r * width : xr;  /* (n_s) */
+    const float *in_t = ht >= 0 ? hid + ht * layer_size + r * width : xr;  /* (n_t) */
+    for (int o = warp; o <= d; o += n_warps) {  /* outputs o < d: A_r; o = d: a_r */
+        float z = o < d ? warp_dot(p + plan.Wt + (size_t)o * n_t, in_t, n_t) : warp_dot(p + plan.ws, in_s, n_s);
+        if (lane == 0 && o < d) A[r * d + o] = z + p[plan.bt + o];
+        if (lane == 0 && o == d) a[r] = z + p[plan.bs];
+    }
+}
+
+void modules_forward_v2_cuda(const ModuleSet *s, int first, int count, ModuleWork *w,
+                             const float *q, int N, float *a, float *A) {
+    int d = s->head_size;
+    if (N <= 0 || count <= 0) return;
+    size_t stride = module_stride(s, first, count);
+    const Module *mod = &s->modules[first];
+    if (s->arch == ARCH_QUAD) {  /* the p pairs (W, Z) of module g are set g's keys and values */
+        int p = mod->n_pairs;
+        attention_states_sets_cuda(count, stride, N, p, d, q, d, mod->params, mod->params + (size_t)p * d, d, p,
+                                   A, d, a, 1, w->probs);
+        return;
+    }
+    mlp_forward_kernel<<<count * N, THREADS>>>(mlp_plan(s, mod), mod->params, stride, input_scales_cuda(s) + first,
+                                               q, N, w->x, w->pre, w->hid, a, A);
+    LAUNCH_CHECK();
 }
 
 void modules_backward_cuda(const ModuleSet *s, int first, int count, ModuleWork *w, const float *q, int N,
@@ -696,8 +830,7 @@ void modules_backward_cuda(const ModuleSet *s, int first, int count, ModuleWork 
             linear_backward_batched(count, N, width, width, w->hid + prev * layer_size, p.U[i], dpre, stride,
                                     gr.U[i], NULL, w->dhid + prev * layer_size);
     }
-    if (dq)  /* x = input_scale q */
-        for (int g = 0; g < count; g++) scale_cuda(dq + g * nd, w->dx + g * nd, s->modules[first + g].input_scale, nd);
+    if (dq) input_scale_cuda(dq, w->dx, input_scales_cuda(s) + first, nd, count * nd);  /* x = input_scale q */
 }
 
 /* ------------------------------------------------------------------------ */
@@ -989,11 +1122,17 @@ static void document_states_exact_cuda(const Model *m, RunStateCuda *rs, const D
 }
 
 /* Nectar: the document's state from the layer's G modules in one batch;
- * module g gets the ntok x group queries of its heads, (G, ntok group, d). */
+ * module g gets the ntok x group queries of its heads, (G, ntok group, d).
+ * One token's queries (H, d) are already in that layout, (G, group, d), and
+ * so are its states: the decode runs the modules in place, in one launch. */
 static void document_states_nectar_cuda(const Model *m, RunStateCuda *rs, const ModuleSet *ms, int l, int ntok) {
     RunState *s = &rs->s;
     const Config *c = &m->config;
     int d = c->dim / c->n_heads, G = c->n_kv_heads, group = c->n_heads / G, N = ntok * group;
+    if (ntok == 1) {
+        modules_forward_v2_cuda(ms, l * G, G, &s->work, s->q, group, s->doc_lse, s->doc_A);
+        return;
+    }
     for (int g = 0; g < G; g++)
         copy_rows_cuda(s->mq + (size_t)g * N * d, group * d, s->q + g * group * d, c->dim, ntok, group * d);
     modules_forward_cuda(ms, l * G, G, &s->work, s->mq, N, s->ma, s->mA);
