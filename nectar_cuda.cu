@@ -18,6 +18,19 @@
 /* ------------------------------------------------------------------------ */
 /* Checks and memory                                                        */
 
+/* Every operation queued on the device is counted: a decode step costs about
+ * a launch's latency per operation, whatever its bytes. */
+static long ops_queued;
+
+long nectar_cuda_ops(void) { return ops_queued; }
+void nectar_cuda_ops_reset(void) { ops_queued = 0; }
+
+/* A copy or memset, a cuBLAS call, and the check after a kernel launch:
+ * each counts one operation, then checks as CUDA_CHECK does. */
+#define DEVICE_OP(call) (ops_queued++, CUDA_CHECK(call))
+#define CUBLAS_OP(call) (ops_queued++, CUBLAS_CHECK(call))
+#define LAUNCH_CHECK() DEVICE_OP(cudaGetLastError())
+
 void cuda_check(cudaError_t err, const char *call, const char *file, int line) {
     if (err == cudaSuccess) return;
     fprintf(stderr, "error: %s failed at %s:%d: %s\n", call, file, line, cudaGetErrorString(err));
@@ -39,6 +52,7 @@ void *cuda_malloc_check(size_t n, const char *file, int line) {
                 n, file, line, cudaGetErrorString(err));
         exit(1);
     }
+    ops_queued++;
     cuda_check(cudaMemset(p, 0, n), "cudaMemset(p, 0, n)", file, line);
     return p;
 }
@@ -120,7 +134,7 @@ __global__ void rmsnorm_kernel(float *o, const float *x, const float *w, int n, 
 void rmsnorm_cuda(float *o, const float *x, const float *w, int rows, int n, float eps) {
     if (rows <= 0) return;
     rmsnorm_kernel<<<rows, THREADS>>>(o, x, w, n, eps);
-    CUDA_CHECK(cudaGetLastError());
+    LAUNCH_CHECK();
 }
 
 /* One thread per pair (v_i, v_i+1) of row t, rotated by the angle
@@ -146,7 +160,7 @@ void rope_cuda(float *vec, int rows, int ld, int n, int head_size, int pos, floa
     size_t pairs = (size_t)rows * (n / 2);
     if (pairs == 0) return;
     rope_kernel<<<blocks_for(pairs, THREADS), THREADS>>>(vec, rows, ld, n, head_size, pos, theta, direction);
-    CUDA_CHECK(cudaGetLastError());
+    LAUNCH_CHECK();
 }
 
 __device__ float silu(float z) { return z / (1.0f + expf(-z)); }
@@ -160,7 +174,7 @@ __global__ void swiglu_kernel(float *hgate, const float *hb, const float *hb2, s
 void swiglu_cuda(float *hgate, const float *hb, const float *hb2, size_t n) {
     if (n == 0) return;
     swiglu_kernel<<<blocks_for(n, THREADS), THREADS>>>(hgate, hb, hb2, n);
-    CUDA_CHECK(cudaGetLastError());
+    LAUNCH_CHECK();
 }
 
 /* ------------------------------------------------------------------------ */
@@ -210,28 +224,33 @@ __device__ void attention_state_device(int seen, int d, const float *qs, const f
     }
 }
 
-/* One block per query i; shared memory: q_i (d), acc (blockDim.x). */
+/* Grid (nq, sets): block (i, b) is query i of set b, row b nq + i of q, A,
+ * lse and scores; set b's keys and values are b kv_stride floats further than
+ * set 0's. Shared memory: q_i (d), acc (blockDim.x). */
 __global__ void attention_states_kernel(int nk, int d, const float *q, int ldq,
-                                        const float *k, const float *v, int ldkv, int visible,
+                                        const float *k, const float *v, int ldkv, size_t kv_stride, int visible,
                                         float *A, int ldA, float *lse, int ldlse, float *scores) {
     extern __shared__ float smem[];
     __shared__ float buf[32];
     float *qs = smem, *acc = smem + d;
     int i = blockIdx.x;
-    float *row = scores + (size_t)i * nk;  /* (nk) */
-    float *Ai = A + (size_t)i * ldA;       /* (d) */
+    size_t r = (size_t)blockIdx.y * gridDim.x + i;  /* the block's row */
+    k += blockIdx.y * kv_stride;
+    v += blockIdx.y * kv_stride;
+    float *row = scores + r * nk;  /* (nk) */
+    float *Ai = A + r * ldA;       /* (d) */
     long long sees = (long long)visible + i;
     int seen = sees < nk ? (int)sees : nk;
     if (seen <= 0) {  /* empty set: state (0, -inf) */
         for (int j = threadIdx.x; j < nk; j += blockDim.x) row[j] = 0.0f;
         for (int c = threadIdx.x; c < d; c += blockDim.x) Ai[c] = 0.0f;
-        if (threadIdx.x == 0) lse[(size_t)i * ldlse] = -INFINITY;
+        if (threadIdx.x == 0) lse[r * ldlse] = -INFINITY;
         return;
     }
-    for (int c = threadIdx.x; c < d; c += blockDim.x) qs[c] = q[(size_t)i * ldq + c];
+    for (int c = threadIdx.x; c < d; c += blockDim.x) qs[c] = q[r * ldq + c];
     for (int j = seen + threadIdx.x; j < nk; j += blockDim.x) row[j] = 0.0f;  /* masked keys: P = 0 */
     __syncthreads();
-    attention_state_device(seen, d, qs, k, v, ldkv, row, Ai, lse + (size_t)i * ldlse, acc, buf);
+    attention_state_device(seen, d, qs, k, v, ldkv, row, Ai, lse + r * ldlse, acc, buf);
 }
 
 static void check_head_size(int d) {
@@ -240,15 +259,24 @@ static void check_head_size(int d) {
     exit(1);
 }
 
+/* attention_states_cuda over `sets` sets of nq queries in one launch: set
+ * b's queries are rows b nq .. b nq + nq - 1 of q, A, lse and scores, its
+ * keys and values b kv_stride floats further than set 0's. */
+static void attention_states_sets_cuda(int sets, size_t kv_stride, int nq, int nk, int d, const float *q, int ldq,
+                                       const float *k, const float *v, int ldkv, int visible,
+                                       float *A, int ldA, float *lse, int ldlse, float *scores) {
+    if (nq <= 0 || sets <= 0) return;
+    check_head_size(d);
+    size_t smem = (size_t)(d + THREADS) * sizeof(float);
+    attention_states_kernel<<<dim3(nq, sets), THREADS, smem>>>(nk, d, q, ldq, k, v, ldkv, kv_stride, visible,
+                                                               A, ldA, lse, ldlse, scores);
+    LAUNCH_CHECK();
+}
+
 void attention_states_cuda(int nq, int nk, int d, const float *q, int ldq,
                            const float *k, const float *v, int ldkv, int visible,
                            float *A, int ldA, float *lse, int ldlse, float *scores) {
-    if (nq <= 0) return;
-    check_head_size(d);
-    size_t smem = (size_t)(d + THREADS) * sizeof(float);
-    attention_states_kernel<<<nq, THREADS, smem>>>(nk, d, q, ldq, k, v, ldkv, visible,
-                                                   A, ldA, lse, ldlse, scores);
-    CUDA_CHECK(cudaGetLastError());
+    attention_states_sets_cuda(1, 0, nq, nk, d, q, ldq, k, v, ldkv, visible, A, ldA, lse, ldlse, scores);
 }
 
 /* Version 2: nectar.c's own structure on the GPU. s = Q K^T / sqrt(d) and
@@ -284,15 +312,15 @@ void attention_states_v2_cuda(int nq, int nk, int d, const float *q, int ldq,
     if (nq <= 0) return;
     const float one = 1.0f, zero = 0.0f, scale = 1.0f / sqrtf((float)d);
     if (nk > 0)  /* s^T (nk, nq) = K (nk, d) Q^T (d, nq) / sqrt(d), column-major */
-        CUBLAS_CHECK(cublasSgemm(cublas, CUBLAS_OP_T, CUBLAS_OP_N, nk, nq, d, &scale, k, ldkv, q, ldq,
+        CUBLAS_OP(cublasSgemm(cublas, CUBLAS_OP_T, CUBLAS_OP_N, nk, nq, d, &scale, k, ldkv, q, ldq,
                                  &zero, scores, nk));
     softmax_rows_kernel<<<nq, THREADS>>>(nk, visible, scores, lse, ldlse);
-    CUDA_CHECK(cudaGetLastError());
+    LAUNCH_CHECK();
     if (nk > 0)  /* A^T (d, nq) = V^T (d, nk) P^T (nk, nq) */
-        CUBLAS_CHECK(cublasSgemm(cublas, CUBLAS_OP_N, CUBLAS_OP_N, d, nq, nk, &one, v, ldkv, scores, nk,
+        CUBLAS_OP(cublasSgemm(cublas, CUBLAS_OP_N, CUBLAS_OP_N, d, nq, nk, &one, v, ldkv, scores, nk,
                                  &zero, A, ldA));
     else
-        CUDA_CHECK(cudaMemset2D(A, ldA * sizeof(float), 0, d * sizeof(float), nq));
+        DEVICE_OP(cudaMemset2D(A, ldA * sizeof(float), 0, d * sizeof(float), nq));
 }
 
 /* m = max(lse1, lse2), w_i = exp(lse_i - m):
@@ -364,11 +392,11 @@ void attention_states_decode_cuda(int n_heads, int n_kv_heads, int nk, int d,
         size_t smem = (size_t)(d + THREADS) * sizeof(float);
         attention_decode_partial_kernel<<<dim3(n_chunks, n_heads), THREADS, smem>>>(
             nk, d, group, q, k, v, ldkv, part_A, part_lse);
-        CUDA_CHECK(cudaGetLastError());
+        LAUNCH_CHECK();
     }
     int threads = (d + 31) / 32 * 32;
     attention_decode_merge_kernel<<<n_heads, threads>>>(n_chunks, d, part_A, part_lse, A, lse);
-    CUDA_CHECK(cudaGetLastError());
+    LAUNCH_CHECK();
 }
 
 enum { MERGE_LANES = 32, MERGE_ROWS = 8 };  /* a block: 8 pairs, 32 threads over each one's d */
@@ -388,7 +416,7 @@ void merge_states_cuda(int n, int d, const float *A1, const float *lse1,
     if (n <= 0) return;
     merge_states_kernel<<<blocks_for(n, MERGE_ROWS), dim3(MERGE_LANES, MERGE_ROWS)>>>(
         n, d, A1, lse1, A2, lse2, A, lse);
-    CUDA_CHECK(cudaGetLastError());
+    LAUNCH_CHECK();
 }
 
 /* Backward of attention_states (nectar.c has the derivation):
@@ -419,18 +447,18 @@ void attention_states_backward_cuda(int nq, int nk, int d, const float *q, int l
     if (nk == 0 || nq == 0) return;
     const float one = 1.0f, zero = 0.0f, scale = 1.0f / sqrtf((float)d);
     if (dv)  /* dv^T (d, nk) += dA^T (d, nq) P (nq, nk) */
-        CUBLAS_CHECK(cublasSgemm(cublas, CUBLAS_OP_N, CUBLAS_OP_T, d, nk, nq, &one, dA, ldA, scores, nk,
+        CUBLAS_OP(cublasSgemm(cublas, CUBLAS_OP_N, CUBLAS_OP_T, d, nk, nq, &one, dA, ldA, scores, nk,
                                  &one, dv, ldkv));
     /* tmp^T (nk, nq) = V (nk, d) dA^T (d, nq) */
-    CUBLAS_CHECK(cublasSgemm(cublas, CUBLAS_OP_T, CUBLAS_OP_N, nk, nq, d, &one, v, ldkv, dA, ldA,
+    CUBLAS_OP(cublasSgemm(cublas, CUBLAS_OP_T, CUBLAS_OP_N, nk, nq, d, &one, v, ldkv, dA, ldA,
                              &zero, tmp, nk));
     attention_ds_kernel<<<nq, THREADS>>>(nk, d, A, dA, ldA, dlse, ldlse, scores, tmp);
-    CUDA_CHECK(cudaGetLastError());
+    LAUNCH_CHECK();
     if (dq)  /* dq^T (d, nq) += scale K^T (d, nk) ds^T (nk, nq) */
-        CUBLAS_CHECK(cublasSgemm(cublas, CUBLAS_OP_N, CUBLAS_OP_N, d, nq, nk, &scale, k, ldkv, tmp, nk,
+        CUBLAS_OP(cublasSgemm(cublas, CUBLAS_OP_N, CUBLAS_OP_N, d, nq, nk, &scale, k, ldkv, tmp, nk,
                                  &one, dq, ldq));
     if (dk)  /* dk^T (d, nk) += scale Q^T (d, nq) ds (nq, nk) */
-        CUBLAS_CHECK(cublasSgemm(cublas, CUBLAS_OP_N, CUBLAS_OP_T, d, nk, nq, &scale, q, ldq, tmp, nk,
+        CUBLAS_OP(cublasSgemm(cublas, CUBLAS_OP_N, CUBLAS_OP_T, d, nk, nq, &scale, q, ldq, tmp, nk,
                                  &one, dk, ldkv));
 }
 
@@ -445,21 +473,29 @@ int moduleset_upload_cuda(ModuleSet *dev, const ModuleSet *host, int with_grads)
     *dev = *host;
     size_t count = (size_t)host->n_layers * host->n_kv_heads;
     dev->modules = (Module *)xmalloc(count * sizeof(Module));
-    dev->params = (float *)cuda_xmalloc(host->n_params * sizeof(float));  /* (n_params) */
+    /* (n_params + L G): the parameters, then every module's input_scale (input_scales_cuda) */
+    dev->params = (float *)cuda_xmalloc((host->n_params + count) * sizeof(float));
     dev->grads = with_grads ? (float *)cuda_xmalloc(host->n_params * sizeof(float)) : NULL;
-    CUDA_CHECK(cudaMemcpy(dev->params, host->params, host->n_params * sizeof(float), cudaMemcpyHostToDevice));
+    DEVICE_OP(cudaMemcpy(dev->params, host->params, host->n_params * sizeof(float), cudaMemcpyHostToDevice));
+    float *scales = (float *)xmalloc(count * sizeof(float));  /* (L G) */
     for (size_t i = 0; i < count; i++) {
         dev->modules[i] = host->modules[i];
         size_t offset = host->modules[i].params - host->params;
         dev->modules[i].params = dev->params + offset;
         dev->modules[i].grads = dev->grads ? dev->grads + offset : NULL;
+        scales[i] = host->modules[i].input_scale;
     }
+    DEVICE_OP(cudaMemcpy(dev->params + host->n_params, scales, count * sizeof(float), cudaMemcpyHostToDevice));
+    free(scales);
     memset(&dev->heldout, 0, sizeof(dev->heldout));  /* prompts stay with the host set */
     return 0;
 }
 
+/* Module i's input_scale, on the device: (L G) floats after the parameters. */
+static const float *input_scales_cuda(const ModuleSet *dev) { return dev->params + dev->n_params; }
+
 void moduleset_download_cuda(ModuleSet *host, const ModuleSet *dev) {
-    CUDA_CHECK(cudaMemcpy(host->params, dev->params, host->n_params * sizeof(float), cudaMemcpyDeviceToHost));
+    DEVICE_OP(cudaMemcpy(host->params, dev->params, host->n_params * sizeof(float), cudaMemcpyDeviceToHost));
 }
 
 void moduleset_free_cuda(ModuleSet *dev) {
@@ -496,13 +532,39 @@ __global__ void scale_kernel(float *y, const float *x, float scale, size_t n) {
 static void scale_cuda(float *y, const float *x, float scale, size_t n) {
     if (n == 0) return;
     scale_kernel<<<blocks_for(n, THREADS), THREADS>>>(y, x, scale, n);
-    CUDA_CHECK(cudaGetLastError());
+    LAUNCH_CHECK();
 }
 
-/* h = SiLU(pre), elementwise */
-__global__ void silu_kernel(float *h, const float *pre, size_t n) {
+/* y_i = input_scale_g x_i for the `per_module` floats of each module g:
+ * x = input_scale q forward, dq = input_scale dx backward. */
+__global__ void input_scale_kernel(float *y, const float *x, const float *input_scale, size_t per_module, size_t n) {
     size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
-    if (i < n) h[i] = silu(pre[i]);
+    if (i < n) y[i] = input_scale[i / per_module] * x[i];
+}
+
+static void input_scale_cuda(float *y, const float *x, const float *input_scale, size_t per_module, size_t n) {
+    input_scale_kernel<<<blocks_for(n, THREADS), THREADS>>>(y, x, input_scale, per_module, n);
+    LAUNCH_CHECK();
+}
+
+/* A hidden layer's epilogue: pre += b, h = SiLU(pre), with module g's b
+ * (n_out) for its N rows of pre, h (count, N, n_out). */
+__global__ void bias_silu_kernel(float *pre, float *h, const float *b, size_t b_stride, int count, int N, int n_out) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x, per = (size_t)N * n_out;
+    if (i >= count * per) return;
+    pre[i] += b[(i / per) * b_stride + i % n_out];
+    h[i] = silu(pre[i]);
+}
+
+/* The heads' epilogue, one thread per (row r, output c <= d) of module
+ * g = r / N: c < d: A_rc += bt_gc; c = d: a_r += bs_g. */
+__global__ void head_biases_kernel(float *a, float *A, const float *bs, const float *bt, size_t stride, int rows,
+                                   int N, int d) {
+    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x, r = i / (d + 1), c = i % (d + 1);
+    if (r >= (size_t)rows) return;
+    size_t g = r / N;
+    if (c < (size_t)d) A[r * d + c] += bt[g * stride + c];
+    else a[r] += bs[g * stride];
 }
 
 /* dpre *= SiLU'(pre) = s (1 + pre (1 - s)), s = sigmoid(pre) */
@@ -511,12 +573,6 @@ __global__ void silu_backward_kernel(float *dpre, const float *pre, size_t n) {
     if (i >= n) return;
     float sg = 1.0f / (1.0f + expf(-pre[i]));
     dpre[i] *= sg * (1.0f + pre[i] * (1.0f - sg));
-}
-
-/* Row r of matrix g of out (count, N, n_out) = b + g b_stride, (n_out). */
-__global__ void fill_rows_kernel(float *out, const float *b, size_t b_stride, int count, int N, int n_out) {
-    size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x, per = (size_t)N * n_out;
-    if (i < count * per) out[i] = b[(i / per) * b_stride + i % n_out];
 }
 
 /* db_g (n_out, stride db_stride) += sum over the N rows of dout_g (N, n_out),
@@ -537,7 +593,7 @@ __global__ void bias_grad_kernel(float *db, size_t db_stride, const float *dout,
 static void matmul_batched(int count, int N, int n_in, int n_out, const float *in, size_t s_in,
                            const float *W, size_t s_W, float beta, float *out, size_t s_out) {
     const float one = 1.0f;
-    CUBLAS_CHECK(cublasSgemmStridedBatched(cublas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, N, n_in, &one,
+    CUBLAS_OP(cublasSgemmStridedBatched(cublas, CUBLAS_OP_T, CUBLAS_OP_N, n_out, N, n_in, &one,
                                            W, n_in, (long long)s_W, in, n_in, (long long)s_in,
                                            &beta, out, n_out, (long long)s_out, count));
 }
@@ -547,7 +603,7 @@ static void matmul_batched(int count, int N, int n_in, int n_out, const float *i
 static void weight_grad_batched(int count, int N, int n_in, int n_out, const float *dout, size_t s_dout,
                                 const float *in, size_t s_in, float *dW, size_t s_dW) {
     const float one = 1.0f;
-    CUBLAS_CHECK(cublasSgemmStridedBatched(cublas, CUBLAS_OP_N, CUBLAS_OP_T, n_in, n_out, N, &one,
+    CUBLAS_OP(cublasSgemmStridedBatched(cublas, CUBLAS_OP_N, CUBLAS_OP_T, n_in, n_out, N, &one,
                                            in, n_in, (long long)s_in, dout, n_out, (long long)s_dout,
                                            &one, dW, n_in, (long long)s_dW, count));
 }
@@ -557,30 +613,20 @@ static void weight_grad_batched(int count, int N, int n_in, int n_out, const flo
 static void input_grad_batched(int count, int N, int n_in, int n_out, const float *dout, size_t s_dout,
                                const float *W, size_t s_W, float beta, float *din, size_t s_din) {
     const float one = 1.0f;
-    CUBLAS_CHECK(cublasSgemmStridedBatched(cublas, CUBLAS_OP_N, CUBLAS_OP_N, n_in, N, n_out, &one,
+    CUBLAS_OP(cublasSgemmStridedBatched(cublas, CUBLAS_OP_N, CUBLAS_OP_N, n_in, N, n_out, &one,
                                            W, n_in, (long long)s_W, dout, n_out, (long long)s_dout,
                                            &beta, din, n_in, (long long)s_din, count));
 }
 
-/* out_g (N, n_out) = in_g (N, n_in) W_g^T + b_g: a batch of linear layers.
- * Inputs and outputs are dense (N rows per module); weights are `stride`
- * apart. */
-static void linear_forward_batched(int count, int N, int n_in, int n_out, const float *in, const float *W,
-                                   const float *b, size_t stride, float *out) {
-    size_t n = (size_t)count * N * n_out;
-    fill_rows_kernel<<<blocks_for(n, THREADS), THREADS>>>(out, b, stride, count, N, n_out);
-    CUDA_CHECK(cudaGetLastError());
-    matmul_batched(count, N, n_in, n_out, in, (size_t)N * n_in, W, stride, 1.0f, out, (size_t)N * n_out);
-}
-
-/* Backward of linear_forward_batched: dW, db (when not NULL) and din (when
- * not NULL) accumulate. */
+/* Backward of out_g (N, n_out) = in_g (N, n_in) W_g^T + b_g, a batch of
+ * linear layers (dense: N rows per module; weights `stride` apart): dW, db
+ * (when not NULL) and din (when not NULL) accumulate. */
 static void linear_backward_batched(int count, int N, int n_in, int n_out, const float *in, const float *W,
                                     const float *dout, size_t stride, float *dW, float *db, float *din) {
     weight_grad_batched(count, N, n_in, n_out, dout, (size_t)N * n_out, in, (size_t)N * n_in, dW, stride);
     if (db) {
         bias_grad_kernel<<<blocks_for((size_t)count * n_out, THREADS), THREADS>>>(db, stride, dout, count, N, n_out);
-        CUDA_CHECK(cudaGetLastError());
+        LAUNCH_CHECK();
     }
     if (din) input_grad_batched(count, N, n_in, n_out, dout, (size_t)N * n_out, W, stride, 1.0f, din, (size_t)N * n_in);
 }
@@ -620,22 +666,124 @@ void modules_forward_cuda(const ModuleSet *s, int first, int count, ModuleWork *
     MlpParams p;  /* module `first`'s tensors; module g's are g * stride further */
     mlp_layout(d, width, Db, Ds, Dt, mod->params, &p);
     size_t layer_size = (size_t)count * N * width;  /* one hidden layer of every module: (count, N, w) */
-    for (int g = 0; g < count; g++) scale_cuda(w->x + g * nd, q + g * nd, s->modules[first + g].input_scale, nd);
+    input_scale_cuda(w->x, q, input_scales_cuda(s) + first, nd, count * nd);  /* x = input_scale q */
     for (int i = 0; i < Db + Ds + Dt; i++) {
         float *pre = w->pre + i * layer_size, *hid = w->hid + i * layer_size;  /* (count, N, w) each */
         int prev = mlp_prev(i, Db, Ds);
-        linear_forward_batched(count, N, d, width, w->x, p.Vq[i], p.b[i], stride, pre);  /* Vq x + b */
+        matmul_batched(count, N, d, width, w->x, nd, p.Vq[i], stride, 0.0f, pre, (size_t)N * width);  /* Vq x */
         if (prev >= 0)  /* + U h_prev */
             matmul_batched(count, N, width, width, w->hid + prev * layer_size, (size_t)N * width, p.U[i], stride,
                            1.0f, pre, (size_t)N * width);
-        silu_kernel<<<blocks_for(layer_size, THREADS), THREADS>>>(hid, pre, layer_size);  /* h = SiLU(pre) */
-        CUDA_CHECK(cudaGetLastError());
+        bias_silu_kernel<<<blocks_for(layer_size, THREADS), THREADS>>>(pre, hid, p.b[i], stride, count, N, width);
+        LAUNCH_CHECK();  /* pre += b, h = SiLU(pre) */
     }
     int hs = mlp_head_input(0, Db, Ds, Dt), ht = mlp_head_input(1, Db, Ds, Dt);
-    const float *in_s = hs >= 0 ? w->hid + hs * layer_size : w->x;  /* (count, N, w) or (count, N, d) */
-    const float *in_t = ht >= 0 ? w->hid + ht * layer_size : w->x;
-    linear_forward_batched(count, N, hs >= 0 ? width : d, 1, in_s, p.ws, p.bs, stride, a);  /* a = ws . h + bs */
-    linear_forward_batched(count, N, ht >= 0 ? width : d, d, in_t, p.Wt, p.bt, stride, A);  /* A = Wt h + bt */
+    int n_s = hs >= 0 ? width : d, n_t = ht >= 0 ? width : d;
+    const float *in_s = hs >= 0 ? w->hid + hs * layer_size : w->x;  /* (count, N, n_s) */
+    const float *in_t = ht >= 0 ? w->hid + ht * layer_size : w->x;  /* (count, N, n_t) */
+    matmul_batched(count, N, n_s, 1, in_s, (size_t)N * n_s, p.ws, stride, 0.0f, a, N);   /* a = ws . h_s */
+    matmul_batched(count, N, n_t, d, in_t, (size_t)N * n_t, p.Wt, stride, 0.0f, A, nd);  /* A = Wt h_t */
+    head_biases_kernel<<<blocks_for((size_t)count * N * (d + 1), THREADS), THREADS>>>(a, A, p.bs, p.bt, stride,
+                                                                                    count * N, N, d);
+    LAUNCH_CHECK();  /* a += bs, A += bt */
+}
+
+/* Version 2, the same interface and results, in one launch: for a decode
+ * step's few queries (H / G per module), where modules_forward_cuda's dozen
+ * small products and kernels each cost a launch's latency. */
+
+/* An MLP module's layout for a kernel argument: mlp_layout's tensors as
+ * offsets from the module's first parameter, and its wiring. */
+typedef struct {
+    int d, width, n_hidden;
+    int prev[MAX_HIDDEN];  /* mlp_prev: the hidden layer feeding layer i, -1: x */
+    int head_input[2];     /* mlp_head_input: the layer feeding the score and the target head, -1: x */
+    size_t Vq[MAX_HIDDEN], U[MAX_HIDDEN], b[MAX_HIDDEN], ws, bs, Wt, bt;  /* U[i]: 0 when prev[i] < 0 */
+} MlpPlan;
+
+static MlpPlan mlp_plan(const ModuleSet *s, const Module *mod) {
+    int Db = s->depth_backbone, Ds = s->depth_score, Dt = s->depth_target;
+    const float *base = mod->params;
+    MlpParams p;
+    mlp_layout(s->head_size, mod->width, Db, Ds, Dt, mod->params, &p);
+    MlpPlan plan;
+    memset(&plan, 0, sizeof(plan));
+    plan.d = s->head_size;
+    plan.width = mod->width;
+    plan.n_hidden = Db + Ds + Dt;
+    for (int i = 0; i < plan.n_hidden; i++) {
+        plan.prev[i] = mlp_prev(i, Db, Ds);
+        plan.Vq[i] = p.Vq[i] - base;
+        plan.U[i] = p.U[i] ? p.U[i] - base : 0;
+        plan.b[i] = p.b[i] - base;
+    }
+    for (int head = 0; head < 2; head++) plan.head_input[head] = mlp_head_input(head, Db, Ds, Dt);
+    plan.ws = p.ws - base; plan.bs = p.bs - base; plan.Wt = p.Wt - base; plan.bt = p.bt - base;
+    return plan;
+}
+
+/* w . x over n floats by one warp, lanes along w (coalesced); every lane
+ * gets the sum. */
+__device__ float warp_dot(const float *w, const float *x, int n) {
+    float sum = 0.0f;
+    for (int i = threadIdx.x & 31; i < n; i += 32) sum += w[i] * x[i];
+    return warp_sum(sum);
+}
+
+/* One block per query row r, of module g = r / N, through all its layers:
+ *   x = input_scale_g q_r,  pre_i = Vq_i x + U_i h_prev(i) + b_i,  h_i = SiLU(pre_i),
+ *   a_r = ws . h_s + bs,  A_r = Wt h_t + bt.
+ * Warp k computes outputs k, k + n_warps, ... of a layer. x (rows, d), pre
+ * and hid (n_hidden, rows, w) are written where modules_forward_cuda leaves
+ * them (the backward reads them); a layer reads the earlier ones back after
+ * a barrier, which makes a block's global writes visible to the block. */
+__global__ void mlp_forward_kernel(MlpPlan plan, const float *params, size_t stride, const float *input_scale,
+                                   const float *q, int N, float *x, float *pre, float *hid, float *a, float *A) {
+    int d = plan.d, width = plan.width, g = blockIdx.x / N;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    size_t r = blockIdx.x, layer_size = (size_t)gridDim.x * width;  /* one hidden layer of every row */
+    const float *p = params + g * stride;                            /* module g's parameters */
+    float *xr = x + r * d;                                           /* (d) */
+    for (int c = threadIdx.x; c < d; c += blockDim.x) xr[c] = input_scale[g] * q[r * d + c];
+    __syncthreads();
+    for (int i = 0; i < plan.n_hidden; i++) {
+        float *pre_r = pre + i * layer_size + r * width, *hid_r = hid + i * layer_size + r * width;  /* (w) */
+        const float *h_prev = plan.prev[i] >= 0 ? hid + plan.prev[i] * layer_size + r * width : NULL;  /* (w) */
+        for (int o = warp; o < width; o += n_warps) {
+            float z = warp_dot(p + plan.Vq[i] + (size_t)o * d, xr, d);
+            if (h_prev) z += warp_dot(p + plan.U[i] + (size_t)o * width, h_prev, width);
+            if (lane == 0) {
+                pre_r[o] = z + p[plan.b[i] + o];
+                hid_r[o] = silu(pre_r[o]);
+            }
+        }
+        __syncthreads();  /* layer i is read by the layers after it */
+    }
+    int hs = plan.head_input[0], ht = plan.head_input[1], n_s = hs >= 0 ? width : d, n_t = ht >= 0 ? width : d;
+    const float *in_s = hs >= 0 ? hid + hs * layer_size + r * width : xr;  /* (n_s) */
+    const float *in_t = ht >= 0 ? hid + ht * layer_size + r * width : xr;  /* (n_t) */
+    for (int o = warp; o <= d; o += n_warps) {  /* outputs o < d: A_r; o = d: a_r */
+        float z = o < d ? warp_dot(p + plan.Wt + (size_t)o * n_t, in_t, n_t) : warp_dot(p + plan.ws, in_s, n_s);
+        if (lane == 0 && o < d) A[r * d + o] = z + p[plan.bt + o];
+        if (lane == 0 && o == d) a[r] = z + p[plan.bs];
+    }
+}
+
+void modules_forward_v2_cuda(const ModuleSet *s, int first, int count, ModuleWork *w,
+                             const float *q, int N, float *a, float *A) {
+    int d = s->head_size;
+    if (N <= 0 || count <= 0) return;
+    size_t stride = module_stride(s, first, count);
+    const Module *mod = &s->modules[first];
+    if (s->arch == ARCH_QUAD) {  /* the p pairs (W, Z) of module g are set g's keys and values */
+        int p = mod->n_pairs;
+        attention_states_sets_cuda(count, stride, N, p, d, q, d, mod->params, mod->params + (size_t)p * d, d, p,
+                                   A, d, a, 1, w->probs);
+        return;
+    }
+    mlp_forward_kernel<<<count * N, THREADS>>>(mlp_plan(s, mod), mod->params, stride, input_scales_cuda(s) + first,
+                                               q, N, w->x, w->pre, w->hid, a, A);
+    LAUNCH_CHECK();
 }
 
 void modules_backward_cuda(const ModuleSet *s, int first, int count, ModuleWork *w, const float *q, int N,
@@ -645,7 +793,7 @@ void modules_backward_cuda(const ModuleSet *s, int first, int count, ModuleWork 
     size_t stride = module_stride(s, first, count);
     const Module *mod = &s->modules[first];
     size_t nd = (size_t)N * d;
-    if (dq) CUDA_CHECK(cudaMemset(dq, 0, count * nd * sizeof(float)));
+    if (dq) DEVICE_OP(cudaMemset(dq, 0, count * nd * sizeof(float)));
     if (s->arch == ARCH_QUAD) {
         int p = mod->n_pairs;
         for (int g = 0; g < count; g++) {
@@ -663,8 +811,8 @@ void modules_backward_cuda(const ModuleSet *s, int first, int count, ModuleWork 
     mlp_layout(d, width, Db, Ds, Dt, mod->grads, &gr);
     size_t layer_size = (size_t)count * N * width;
     int n_hidden = Db + Ds + Dt;
-    if (n_hidden) CUDA_CHECK(cudaMemset(w->dhid, 0, n_hidden * layer_size * sizeof(float)));
-    CUDA_CHECK(cudaMemset(w->dx, 0, count * nd * sizeof(float)));
+    if (n_hidden) DEVICE_OP(cudaMemset(w->dhid, 0, n_hidden * layer_size * sizeof(float)));
+    DEVICE_OP(cudaMemset(w->dx, 0, count * nd * sizeof(float)));
     /* outputs: a = ws . h_s + bs and A = Wt h_t + bt */
     int hs = mlp_head_input(0, Db, Ds, Dt), ht = mlp_head_input(1, Db, Ds, Dt);
     linear_backward_batched(count, N, hs >= 0 ? width : d, 1, hs >= 0 ? w->hid + hs * layer_size : w->x, p.ws,
@@ -675,15 +823,14 @@ void modules_backward_cuda(const ModuleSet *s, int first, int count, ModuleWork 
     for (int i = n_hidden - 1; i >= 0; i--) {
         float *pre = w->pre + i * layer_size, *dpre = w->dhid + i * layer_size;
         silu_backward_kernel<<<blocks_for(layer_size, THREADS), THREADS>>>(dpre, pre, layer_size);
-        CUDA_CHECK(cudaGetLastError());
+        LAUNCH_CHECK();
         linear_backward_batched(count, N, d, width, w->x, p.Vq[i], dpre, stride, gr.Vq[i], gr.b[i], w->dx);
         int prev = mlp_prev(i, Db, Ds);
         if (prev >= 0)
             linear_backward_batched(count, N, width, width, w->hid + prev * layer_size, p.U[i], dpre, stride,
                                     gr.U[i], NULL, w->dhid + prev * layer_size);
     }
-    if (dq)  /* x = input_scale q */
-        for (int g = 0; g < count; g++) scale_cuda(dq + g * nd, w->dx + g * nd, s->modules[first + g].input_scale, nd);
+    if (dq) input_scale_cuda(dq, w->dx, input_scales_cuda(s) + first, nd, count * nd);  /* x = input_scale q */
 }
 
 /* ------------------------------------------------------------------------ */
@@ -691,7 +838,7 @@ void modules_backward_cuda(const ModuleSet *s, int first, int count, ModuleWork 
 
 static void *upload(const void *host, size_t bytes) {
     void *dev = cuda_xmalloc(bytes);
-    if (bytes) CUDA_CHECK(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
+    if (bytes) DEVICE_OP(cudaMemcpy(dev, host, bytes, cudaMemcpyHostToDevice));
     return dev;
 }
 
@@ -784,23 +931,23 @@ double regression_grads_cuda(ModuleSet *s, ModuleWork *w, FitBatch *b, const Fit
                              float lambda_alpha, float lambda_A) {
     int L = s->n_layers, G = s->n_kv_heads, d = s->head_size, group = n_heads / G, N = b->N;
     size_t rows = (size_t)G * N;
-    CUDA_CHECK(cudaMemcpy(b->pos_device, b->pos, b->B * sizeof(long), cudaMemcpyHostToDevice));
+    DEVICE_OP(cudaMemcpy(b->pos_device, b->pos, b->B * sizeof(long), cudaMemcpyHostToDevice));
     for (int l = 0; l < L; l++) {
         fit_gather_kernel<<<blocks_for(rows * d, THREADS), THREADS>>>(b->q, b->A_t, b->alpha_t, t->q, t->A, t->alpha,
                                                                       b->pos_device, t->P, l, G, b->B, group, d);
-        CUDA_CHECK(cudaGetLastError());
+        LAUNCH_CHECK();
         modules_forward_cuda(s, l * G, G, w, b->q, N, b->a, b->A);
         fit_loss_kernel<<<blocks_for(rows, THREADS), THREADS>>>(b->a, b->A, b->alpha_t, b->A_t, b->da, b->dA,
                                                                 b->row_loss + l * rows, (int)rows, N, d,
                                                                 lambda_alpha, lambda_A);
-        CUDA_CHECK(cudaGetLastError());
+        LAUNCH_CHECK();
         modules_backward_cuda(s, l * G, G, w, b->q, N, b->A, b->da, b->dA, NULL);
     }
     size_t n = (size_t)L * rows;
     serial_sum_kernel<<<1, 1>>>(b->row_loss, n);
-    CUDA_CHECK(cudaGetLastError());
+    LAUNCH_CHECK();
     double loss;
-    CUDA_CHECK(cudaMemcpy(&loss, b->row_loss + n, sizeof(double), cudaMemcpyDeviceToHost));
+    DEVICE_OP(cudaMemcpy(&loss, b->row_loss + n, sizeof(double), cudaMemcpyDeviceToHost));
     return loss;
 }
 
@@ -825,11 +972,11 @@ __global__ void sum_squares_kernel(const float *x, size_t n, double *partial) {
 double clip_grad_norm_cuda(float *grads, size_t n, double max_norm) {
     if (!norm_partial) norm_partial = (double *)cuda_xmalloc((NORM_BLOCKS + 1) * sizeof(double));
     sum_squares_kernel<<<NORM_BLOCKS, THREADS>>>(grads, n, norm_partial);
-    CUDA_CHECK(cudaGetLastError());
+    LAUNCH_CHECK();
     serial_sum_kernel<<<1, 1>>>(norm_partial, NORM_BLOCKS);
-    CUDA_CHECK(cudaGetLastError());
+    LAUNCH_CHECK();
     double norm;
-    CUDA_CHECK(cudaMemcpy(&norm, norm_partial + NORM_BLOCKS, sizeof(double), cudaMemcpyDeviceToHost));
+    DEVICE_OP(cudaMemcpy(&norm, norm_partial + NORM_BLOCKS, sizeof(double), cudaMemcpyDeviceToHost));
     norm = sqrt(norm);
     if (norm > max_norm) scale_cuda(grads, grads, (float)(max_norm / norm), n);
     return norm;
@@ -854,7 +1001,7 @@ void adamw_update_cuda(float *params, const float *grads, float *m, float *v, si
     if (n == 0) return;
     float c1 = 1.0f - powf(ADAM_BETA1, step), c2 = 1.0f - powf(beta2, step);
     adamw_kernel<<<blocks_for(n, THREADS), THREADS>>>(params, grads, m, v, n, c1, c2, lr, wd, beta2);
-    CUDA_CHECK(cudaGetLastError());
+    LAUNCH_CHECK();
 }
 
 /* ------------------------------------------------------------------------ */
@@ -926,7 +1073,7 @@ void matmul_cuda(int rows, int n_in, int n_out, const float *x, const float *W, 
 
 /* copy_rows of nectar.c: rows of `width` floats between strided matrices. */
 static void copy_rows_cuda(float *dst, int ld_dst, const float *src, int ld_src, int rows, int width) {
-    CUDA_CHECK(cudaMemcpy2D(dst, ld_dst * sizeof(float), src, ld_src * sizeof(float), width * sizeof(float),
+    DEVICE_OP(cudaMemcpy2D(dst, ld_dst * sizeof(float), src, ld_src * sizeof(float), width * sizeof(float),
                             rows, cudaMemcpyDeviceToDevice));
 }
 
@@ -975,11 +1122,17 @@ static void document_states_exact_cuda(const Model *m, RunStateCuda *rs, const D
 }
 
 /* Nectar: the document's state from the layer's G modules in one batch;
- * module g gets the ntok x group queries of its heads, (G, ntok group, d). */
+ * module g gets the ntok x group queries of its heads, (G, ntok group, d).
+ * One token's queries (H, d) are already in that layout, (G, group, d), and
+ * so are its states: the decode runs the modules in place, in one launch. */
 static void document_states_nectar_cuda(const Model *m, RunStateCuda *rs, const ModuleSet *ms, int l, int ntok) {
     RunState *s = &rs->s;
     const Config *c = &m->config;
     int d = c->dim / c->n_heads, G = c->n_kv_heads, group = c->n_heads / G, N = ntok * group;
+    if (ntok == 1) {
+        modules_forward_v2_cuda(ms, l * G, G, &s->work, s->q, group, s->doc_lse, s->doc_A);
+        return;
+    }
     for (int g = 0; g < G; g++)
         copy_rows_cuda(s->mq + (size_t)g * N * d, group * d, s->q + g * group * d, c->dim, ntok, group * d);
     modules_forward_cuda(ms, l * G, G, &s->work, s->mq, N, s->ma, s->mA);
@@ -1021,21 +1174,21 @@ static void layer_forward_cuda(const Model *m, RunStateCuda *rs, const Document 
     rope_cuda(s->q, ntok, D, D, d, doc->n + pos, c->rope_theta, 1.0f);  /* local tokens follow the document */
     rope_cuda(s->k, ntok, KVD, KVD, d, doc->n + pos, c->rope_theta, 1.0f);
     size_t cache_row = ((size_t)l * s->capacity + pos) * KVD;
-    CUDA_CHECK(cudaMemcpy(s->key_cache + cache_row, s->k, (size_t)ntok * KVD * sizeof(float), cudaMemcpyDeviceToDevice));
-    CUDA_CHECK(cudaMemcpy(s->value_cache + cache_row, s->v, (size_t)ntok * KVD * sizeof(float), cudaMemcpyDeviceToDevice));
+    DEVICE_OP(cudaMemcpy(s->key_cache + cache_row, s->k, (size_t)ntok * KVD * sizeof(float), cudaMemcpyDeviceToDevice));
+    DEVICE_OP(cudaMemcpy(s->value_cache + cache_row, s->v, (size_t)ntok * KVD * sizeof(float), cudaMemcpyDeviceToDevice));
 
     if (doc->mode == DOC_NECTAR) attention_nectar_cuda(m, rs, doc, l, ntok, pos);
     else attention_exact_cuda(m, rs, doc, l, ntok, pos);
 
     /* x_mid = x + att Wo^T */
-    CUDA_CHECK(cudaMemcpy(s->x_mid, s->x, (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
+    DEVICE_OP(cudaMemcpy(s->x_mid, s->x, (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
     matmul_cuda(ntok, D, D, s->att, w->wo + (size_t)l * D * D, 1.0f, s->x_mid);
     /* x = x_mid + W2 (SiLU(W1 xb2) * W3 xb2), xb2 = rmsnorm(x_mid) */
     rmsnorm_cuda(s->xb2, s->x_mid, w->rms_ffn + (size_t)l * D, ntok, D, c->norm_eps);
     matmul_cuda(ntok, D, F, s->xb2, w->w1 + (size_t)l * F * D, 0.0f, s->hb);
     matmul_cuda(ntok, D, F, s->xb2, w->w3 + (size_t)l * F * D, 0.0f, s->hb2);
     swiglu_cuda(s->hgate, s->hb, s->hb2, (size_t)ntok * F);
-    CUDA_CHECK(cudaMemcpy(s->x, s->x_mid, (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
+    DEVICE_OP(cudaMemcpy(s->x, s->x_mid, (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
     matmul_cuda(ntok, F, D, s->hgate, w->w2 + (size_t)l * D * F, 1.0f, s->x);
 }
 
@@ -1059,23 +1212,23 @@ int forward_cuda(const Model *m, RunStateCuda *rs, const Document *doc, const in
     if (forward_check(m, s, doc, tokens, ntok, pos) != 0) return -1;
     s->block_pos = pos;
     s->block_ntok = ntok;
-    CUDA_CHECK(cudaMemcpy(rs->tokens, tokens, ntok * sizeof(int), cudaMemcpyHostToDevice));
+    DEVICE_OP(cudaMemcpy(rs->tokens, tokens, ntok * sizeof(int), cudaMemcpyHostToDevice));
     embed_kernel<<<blocks_for((size_t)ntok * D, THREADS), THREADS>>>(s->x, m->w.token_embedding, rs->tokens, ntok, D);
-    CUDA_CHECK(cudaGetLastError());
+    LAUNCH_CHECK();
     size_t layer_rows = (size_t)s->max_block * D;  /* saved_x: (L + 1, B, D) */
     for (int l = 0; l < c->n_layers; l++) {
         float *saved = s->back.saved_x;  /* kept for backward: layer l's input */
-        if (saved) CUDA_CHECK(cudaMemcpy(saved + l * layer_rows, s->x, (size_t)ntok * D * sizeof(float),
+        if (saved) DEVICE_OP(cudaMemcpy(saved + l * layer_rows, s->x, (size_t)ntok * D * sizeof(float),
                                          cudaMemcpyDeviceToDevice));
         layer_forward_cuda(m, rs, doc, l, ntok, pos);
     }
-    if (s->back.saved_x) CUDA_CHECK(cudaMemcpy(s->back.saved_x + c->n_layers * layer_rows, s->x,
+    if (s->back.saved_x) DEVICE_OP(cudaMemcpy(s->back.saved_x + c->n_layers * layer_rows, s->x,
                                                (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
     if (logits == LOGITS_NONE) return 0;
     /* rows [first, ntok); LOGITS_LAST's one row lands in row 0, as on the CPU */
     int first = logits == LOGITS_ALL ? 0 : ntok - 1, rows = ntok - first;
     logits_on_device(m, s, first, rows);
-    CUDA_CHECK(cudaMemcpy(rs->logits, s->logits, (size_t)rows * V * sizeof(float), cudaMemcpyDeviceToHost));
+    DEVICE_OP(cudaMemcpy(rs->logits, s->logits, (size_t)rows * V * sizeof(float), cudaMemcpyDeviceToHost));
     return 0;
 }
 
@@ -1108,7 +1261,7 @@ __global__ void rmsnorm_backward_kernel(float *dx, const float *x, const float *
 static void rmsnorm_backward_cuda(float *dx, const float *x, const float *w, const float *dout, int rows, int n,
                                   float eps) {
     rmsnorm_backward_kernel<<<rows, THREADS>>>(dx, x, w, dout, n, eps);
-    CUDA_CHECK(cudaGetLastError());
+    LAUNCH_CHECK();
 }
 
 /* hgate = SiLU(hb) hb2, s = sigmoid(hb):
@@ -1164,9 +1317,9 @@ static void local_states_backward_cuda(const Model *m, RunStateCuda *rs, int l, 
     BackwardBuffers *b = &s->back;
     const Config *c = &m->config;
     int D = c->dim, H = c->n_heads, d = D / H, KVD = d * c->n_kv_heads, group = H / c->n_kv_heads;
-    CUDA_CHECK(cudaMemset(b->dq, 0, (size_t)ntok * D * sizeof(float)));
-    CUDA_CHECK(cudaMemset(b->dk, 0, (size_t)ntok * KVD * sizeof(float)));
-    CUDA_CHECK(cudaMemset(b->dv, 0, (size_t)ntok * KVD * sizeof(float)));
+    DEVICE_OP(cudaMemset(b->dq, 0, (size_t)ntok * D * sizeof(float)));
+    DEVICE_OP(cudaMemset(b->dk, 0, (size_t)ntok * KVD * sizeof(float)));
+    DEVICE_OP(cudaMemset(b->dv, 0, (size_t)ntok * KVD * sizeof(float)));
     size_t layer = (size_t)l * s->capacity * KVD;
     for (int h = 0; h < H; h++) {
         size_t kv = layer + (size_t)(h / group) * d;
@@ -1215,7 +1368,7 @@ static void document_states_nectar_backward_cuda(const Model *m, RunStateCuda *r
     for (int g = 0; g < G; g++) {
         add_rows_kernel<<<blocks_for((size_t)ntok * row, THREADS), THREADS>>>(b->dq + g * row, c->dim,
                                                                              b->dmq + (size_t)g * N * d, row, ntok, row);
-        CUDA_CHECK(cudaGetLastError());
+        LAUNCH_CHECK();
     }
 }
 
@@ -1228,7 +1381,7 @@ static void merge_rows_backward_cuda(const Model *m, RunStateCuda *rs, int ntok)
     merge_states_backward_kernel<<<blocks_for((size_t)ntok * H, THREADS), THREADS>>>(
         ntok * H, d, s->doc_A, s->doc_lse, s->loc_A, s->loc_lse, b->datt, b->ddoc_A, b->ddoc_lse, b->dloc_A,
         b->dloc_lse);
-    CUDA_CHECK(cudaGetLastError());
+    LAUNCH_CHECK();
 }
 
 /* The twins of attention_exact_cuda and attention_nectar_cuda: back.datt
@@ -1254,19 +1407,19 @@ static void layer_backward_cuda(const Model *m, RunStateCuda *rs, const Document
     const Weights *w = &m->w;
     int D = c->dim, F = c->hidden_dim, H = c->n_heads, d = D / H, KVD = d * c->n_kv_heads;
     const float *x_in = b->saved_x + (size_t)l * s->max_block * D;
-    CUDA_CHECK(cudaMemcpy(s->x, x_in, (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
+    DEVICE_OP(cudaMemcpy(s->x, x_in, (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
     layer_forward_cuda(m, rs, doc, l, ntok, 0);
     /* x = x_mid + hgate W2^T */
     input_grad_cuda(ntok, F, D, b->dx, w->w2 + (size_t)l * D * F, 0.0f, b->dhgate);
     /* hgate = SiLU(hb) * hb2 */
     swiglu_backward_kernel<<<blocks_for((size_t)ntok * F, THREADS), THREADS>>>(b->dhb, b->dhb2, b->dhgate, s->hb,
                                                                               s->hb2, (size_t)ntok * F);
-    CUDA_CHECK(cudaGetLastError());
+    LAUNCH_CHECK();
     /* hb = xb2 W1^T, hb2 = xb2 W3^T */
     input_grad_cuda(ntok, D, F, b->dhb, w->w1 + (size_t)l * F * D, 0.0f, b->dxb);
     input_grad_cuda(ntok, D, F, b->dhb2, w->w3 + (size_t)l * F * D, 1.0f, b->dxb);
     /* xb2 = rmsnorm(x_mid); x_mid also flows straight to x */
-    CUDA_CHECK(cudaMemcpy(b->dx_mid, b->dx, (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
+    DEVICE_OP(cudaMemcpy(b->dx_mid, b->dx, (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
     rmsnorm_backward_cuda(b->dx_mid, s->x_mid, w->rms_ffn + (size_t)l * D, b->dxb, ntok, D, c->norm_eps);
     /* x_mid = x + att Wo^T */
     input_grad_cuda(ntok, D, D, b->dx_mid, w->wo + (size_t)l * D * D, 0.0f, b->datt);
@@ -1281,7 +1434,7 @@ static void layer_backward_cuda(const Model *m, RunStateCuda *rs, const Document
     input_grad_cuda(ntok, D, KVD, b->dk, w->wk + (size_t)l * KVD * D, 1.0f, b->dxb);
     input_grad_cuda(ntok, D, KVD, b->dv, w->wv + (size_t)l * KVD * D, 1.0f, b->dxb);
     /* xb = rmsnorm(x); x also flows straight to x_mid */
-    CUDA_CHECK(cudaMemcpy(b->dx, b->dx_mid, (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
+    DEVICE_OP(cudaMemcpy(b->dx, b->dx_mid, (size_t)ntok * D * sizeof(float), cudaMemcpyDeviceToDevice));
     rmsnorm_backward_cuda(b->dx, x_in, w->rms_att + (size_t)l * D, b->dxb, ntok, D, c->norm_eps);
 }
 
@@ -1310,7 +1463,7 @@ static void backward_from_device(const Model *m, RunStateCuda *rs, const Documen
     /* logits = rmsnorm(x_L) Wcls^T */
     const float *x_final = b->saved_x + (size_t)L * s->max_block * D;
     input_grad_cuda(ntok, D, V, rs->dlogits, m->w.wcls, 0.0f, b->dxb);
-    CUDA_CHECK(cudaMemset(b->dx, 0, (size_t)ntok * D * sizeof(float)));
+    DEVICE_OP(cudaMemset(b->dx, 0, (size_t)ntok * D * sizeof(float)));
     rmsnorm_backward_cuda(b->dx, x_final, m->w.rms_final, b->dxb, ntok, D, c->norm_eps);
     for (int l = L - 1; l >= 0; l--) layer_backward_cuda(m, rs, doc, l, ntok);
 }
@@ -1318,7 +1471,7 @@ static void backward_from_device(const Model *m, RunStateCuda *rs, const Documen
 int backward_cuda(const Model *m, RunStateCuda *rs, const Document *doc, int ntok, const float *dlogits) {
     if (backward_check_cuda(rs, doc, ntok) != 0) return -1;
     size_t bytes = (size_t)ntok * m->config.vocab_size * sizeof(float);
-    CUDA_CHECK(cudaMemcpy(rs->dlogits, dlogits, bytes, cudaMemcpyHostToDevice));
+    DEVICE_OP(cudaMemcpy(rs->dlogits, dlogits, bytes, cudaMemcpyHostToDevice));
     backward_from_device(m, rs, doc, ntok);
     return 0;
 }
@@ -1423,9 +1576,9 @@ double kl_term_cuda(const TeacherRows *teacher, const float *z, int len, int V, 
                     float *row_kl) {
     kl_term_kernel<<<len, THREADS>>>(z, teacher->logits, teacher->ids, teacher->logp, teacher->rest, teacher->k, V,
                                      weight / len, dlogits, row_kl);
-    CUDA_CHECK(cudaGetLastError());
+    LAUNCH_CHECK();
     float *host = (float *)xmalloc(len * sizeof(float));  /* (len) each position's KL */
-    CUDA_CHECK(cudaMemcpy(host, row_kl, len * sizeof(float), cudaMemcpyDeviceToHost));
+    DEVICE_OP(cudaMemcpy(host, row_kl, len * sizeof(float), cudaMemcpyDeviceToHost));
     double total = 0;
     for (int t = 0; t < len; t++) total += host[t];
     free(host);
@@ -1466,13 +1619,13 @@ static void teacher_rows_free(TeacherRows *d) {
 /* A prompt's teacher rows (host, len positions) into d on the device. */
 static void teacher_rows_upload(const TeacherRows *d, const TeacherRows *host, int len, int V) {
     if (d->k == 0) {
-        CUDA_CHECK(cudaMemcpy((void *)d->logits, host->logits, (size_t)len * V * sizeof(float), cudaMemcpyHostToDevice));
+        DEVICE_OP(cudaMemcpy((void *)d->logits, host->logits, (size_t)len * V * sizeof(float), cudaMemcpyHostToDevice));
         return;
     }
     size_t rows = (size_t)len * d->k;
-    CUDA_CHECK(cudaMemcpy((void *)d->ids, host->ids, rows * sizeof(int), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy((void *)d->logp, host->logp, rows * sizeof(float), cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy((void *)d->rest, host->rest, len * sizeof(float), cudaMemcpyHostToDevice));
+    DEVICE_OP(cudaMemcpy((void *)d->ids, host->ids, rows * sizeof(int), cudaMemcpyHostToDevice));
+    DEVICE_OP(cudaMemcpy((void *)d->logp, host->logp, rows * sizeof(float), cudaMemcpyHostToDevice));
+    DEVICE_OP(cudaMemcpy((void *)d->rest, host->rest, len * sizeof(float), cudaMemcpyHostToDevice));
 }
 
 static void gpu_start(Fit *f) {
@@ -1484,8 +1637,8 @@ static void gpu_start(Fit *f) {
     moduleset_upload_cuda(&g->ms, f->ms, 1);
     g->m = (float *)cuda_xmalloc(bytes);
     g->v = (float *)cuda_xmalloc(bytes);
-    CUDA_CHECK(cudaMemcpy(g->m, f->adam_m, bytes, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(g->v, f->adam_v, bytes, cudaMemcpyHostToDevice));
+    DEVICE_OP(cudaMemcpy(g->m, f->adam_m, bytes, cudaMemcpyHostToDevice));
+    DEVICE_OP(cudaMemcpy(g->v, f->adam_v, bytes, cudaMemcpyHostToDevice));
     fittargets_upload_cuda(&g->targets, &f->td->fit, c->n_layers, c->dim, c->n_heads);
     modulework_alloc_cuda(&g->work, f->ms, B * c->n_heads);  /* a layer's G modules, B H / G queries each */
     fitbatch_alloc_cuda(&g->batch, f->ms, c->n_heads, B);
@@ -1502,7 +1655,7 @@ static void gpu_start(Fit *f) {
 
 static double gpu_regression(Fit *f, const long *pos) {
     GpuFit *g = (GpuFit *)f->device;
-    CUDA_CHECK(cudaMemset(g->ms.grads, 0, g->ms.n_params * sizeof(float)));
+    DEVICE_OP(cudaMemset(g->ms.grads, 0, g->ms.n_params * sizeof(float)));
     if (f->stage->weight_alpha + f->stage->weight_A == 0) return 0;
     memcpy(g->batch.pos, pos, g->batch.B * sizeof(long));
     return regression_grads_cuda(&g->ms, &g->work, &g->batch, &g->targets, f->model->config.n_heads,
@@ -1526,8 +1679,8 @@ static double gpu_update(Fit *f, float lr, int t) {
     GpuFit *g = (GpuFit *)f->device;
     double norm = clip_grad_norm_cuda(g->ms.grads, g->ms.n_params, 1.0);
     if (t == 1) {
-        CUDA_CHECK(cudaMemset(g->m, 0, g->ms.n_params * sizeof(float)));
-        CUDA_CHECK(cudaMemset(g->v, 0, g->ms.n_params * sizeof(float)));
+        DEVICE_OP(cudaMemset(g->m, 0, g->ms.n_params * sizeof(float)));
+        DEVICE_OP(cudaMemset(g->v, 0, g->ms.n_params * sizeof(float)));
     }
     adamw_update_cuda(g->ms.params, g->ms.grads, g->m, g->v, g->ms.n_params, t, lr, f->o.weight_decay, ADAM_BETA2);
     return norm;
@@ -1537,8 +1690,8 @@ static void gpu_download(Fit *f) {
     GpuFit *g = (GpuFit *)f->device;
     size_t bytes = f->ms->n_params * sizeof(float);
     moduleset_download_cuda(f->ms, &g->ms);
-    CUDA_CHECK(cudaMemcpy(f->adam_m, g->m, bytes, cudaMemcpyDeviceToHost));
-    CUDA_CHECK(cudaMemcpy(f->adam_v, g->v, bytes, cudaMemcpyDeviceToHost));
+    DEVICE_OP(cudaMemcpy(f->adam_m, g->m, bytes, cudaMemcpyDeviceToHost));
+    DEVICE_OP(cudaMemcpy(f->adam_v, g->v, bytes, cudaMemcpyDeviceToHost));
 }
 
 static void gpu_finish(Fit *f) {

@@ -46,6 +46,13 @@ void *cuda_malloc_check(size_t n, const char *file, int line);
 int  nectar_cuda_init(void);
 void nectar_cuda_free(void);
 
+/* The operations queued on the device since the last reset: kernel
+ * launches, copies and memsets (cudaMemcpy*, cudaMemset*), cuBLAS calls.
+ * A decode step is bound by their count (each costs a launch's latency),
+ * so benchmark --gpu prints it per decoded token. */
+long nectar_cuda_ops(void);
+void nectar_cuda_ops_reset(void);
+
 /* ------------------------------------------------------------------------ */
 /* Row-wise and elementwise ops of the transformer                          */
 
@@ -107,7 +114,8 @@ void attention_states_backward_cuda(int nq, int nk, int d, const float *q, int l
 
 /* A device copy of a module set: the same host struct, with params (and
  * grads, zeroed, when with_grads) and every module's views in device
- * memory. Returns 0. Free with moduleset_free_cuda. */
+ * memory; params holds n_params floats, then every module's input_scale
+ * (L G, read by the MLP kernels). Returns 0. Free with moduleset_free_cuda. */
 int  moduleset_upload_cuda(ModuleSet *dev, const ModuleSet *host, int with_grads);
 /* The device parameters back into host->params. */
 void moduleset_download_cuda(ModuleSet *host, const ModuleSet *dev);
@@ -119,9 +127,17 @@ void modulework_free_cuda(ModuleWork *w);
 /* module_forward for `count` modules first, first + 1, ... of one layer
  * (one shape) in one batch, N queries each: q (count, N, d) -> a (count, N),
  * A (count, N, d). s: a device module set. MLP: strided-batched cuBLAS for
- * the linear layers; quadrature: attention_states_v2_cuda over the p pairs. */
+ * the linear layers, a kernel after each for its bias and SiLU (the heads
+ * share one); quadrature: attention_states_v2_cuda over the p pairs. */
 void modules_forward_cuda(const ModuleSet *s, int first, int count, ModuleWork *w,
                           const float *q, int N, float *a, float *A);
+/* Version 2, the same interface and results (w left as the backward needs
+ * it), in one launch: for a decode step's few queries, where version 1's
+ * products and kernels each cost a launch. MLP: a block per query runs all
+ * its module's layers (each row of weights read by a warp); quadrature:
+ * attention_states_cuda's kernel, a set of queries per module. */
+void modules_forward_v2_cuda(const ModuleSet *s, int first, int count, ModuleWork *w,
+                             const float *q, int N, float *a, float *A);
 /* module_backward of the last modules_forward_cuda on w: adds parameter
  * gradients into the modules' grads, writes dq (count, N, d) if not NULL. */
 void modules_backward_cuda(const ModuleSet *s, int first, int count, ModuleWork *w, const float *q, int N,

@@ -5,7 +5,8 @@
  * documents and causal rows that see nothing, and scores past expf's range;
  * then the module backward, gradient clipping, the fitting loop
  * (GPU-trained against CPU-trained modules), the whole forward pass (GPU
- * logits against CPU logits) and the backward pass (module gradients
+ * logits against CPU logits, and the operations a decode step queues:
+ * Nectar's at most the exact path's) and the backward pass (module gradients
  * through the whole model). Gradients that accumulate start at random
  * values on both sides, so a kernel that overwrites them fails.
  *
@@ -295,7 +296,9 @@ static void test_attention_backward_matches_cpu(int nq, int nk, int d, int visib
  * run N queries each forward and backward on the CPU and on the GPU: the
  * outputs, every parameter gradient and dq must agree. Parameter gradients
  * accumulate: both sides start them at the same random values. size: w
- * (MLP) or p (quadrature). */
+ * (MLP) or p (quadrature). Version 2 of the forward, the decode's, runs too
+ * where N is a decode's few queries (emulated on more, it is slow). */
+enum { DECODE_QUERIES = 64 };
 static void test_module_matches_cpu(ModuleArch arch, int d, int size, int Db, int Ds, int Dt, int N, float input_scale) {
     char what[200], tag[128];
     ModuleSet s, s_d;
@@ -334,18 +337,26 @@ static void test_module_matches_cpu(ModuleArch arch, int d, int size, int Db, in
             module_forward(&s, mod, &work, q + g * nd, N, a + (size_t)g * N, A + g * nd);
             module_backward(&s, mod, &work, q + g * nd, N, A + g * nd, da + (size_t)g * N, dA + g * nd, dq + g * nd);
         }
-        modules_forward_cuda(&s_d, first, count, &work_d, q_d, N, a_d, A_d);
-        modules_backward_cuda(&s_d, first, count, &work_d, q_d, N, A_d, da_d, dA_d, dq_d);
-        float *ga = download(a_d, count * N), *gA = download(A_d, count * nd), *gdq = download(dq_d, count * nd);
         char which[48];
         snprintf(which, sizeof(which), count == 1 ? "module %d" : "modules %d-%d", first, first + count - 1);
-        snprintf(what, sizeof(what), "%s %s: a", which, tag);
-        check_close_f(what, ga, a, count * N, 1e-4, 1e-4);
-        snprintf(what, sizeof(what), "%s %s: A", which, tag);
-        check_close_f(what, gA, A, count * nd, 1e-4, 1e-4);
-        snprintf(what, sizeof(what), "%s %s: dq", which, tag);
+        int versions = N <= DECODE_QUERIES ? 2 : 1;
+        for (int v = 1; v <= versions; v++) {  /* the backward follows the last: it reads what that one left in w */
+            CUDA_CHECK(cudaMemset(a_d, 0xff, count * N * sizeof(float)));
+            CUDA_CHECK(cudaMemset(A_d, 0xff, count * nd * sizeof(float)));
+            if (v == 1) modules_forward_cuda(&s_d, first, count, &work_d, q_d, N, a_d, A_d);
+            else modules_forward_v2_cuda(&s_d, first, count, &work_d, q_d, N, a_d, A_d);
+            float *ga = download(a_d, count * N), *gA = download(A_d, count * nd);
+            snprintf(what, sizeof(what), "%s %s: a (forward v%d)", which, tag, v);
+            check_close_f(what, ga, a, count * N, 1e-4, 1e-4);
+            snprintf(what, sizeof(what), "%s %s: A (forward v%d)", which, tag, v);
+            check_close_f(what, gA, A, count * nd, 1e-4, 1e-4);
+            free(ga); free(gA);
+        }
+        modules_backward_cuda(&s_d, first, count, &work_d, q_d, N, A_d, da_d, dA_d, dq_d);
+        float *gdq = download(dq_d, count * nd);
+        snprintf(what, sizeof(what), "%s %s: dq (after forward v%d)", which, tag, versions);
         check_close_f(what, gdq, dq, count * nd, 1e-4, 1e-3);
-        free(ga); free(gA); free(gdq);
+        free(gdq);
     }
     /* every gradient: modules 0, 2, 3 added theirs, module 1 none (its start on both) */
     float *gg = download(s_d.grads, s.n_params);
@@ -546,7 +557,9 @@ static float *heads_together(const float *x, int L, int n, int G, int d) {
 
 /* The GPU's document cache (its own prefill) against the CPU's, then a
  * prompt and `decode` greedy steps with each state of the document: the
- * GPU's logits against the CPU's at every step. */
+ * GPU's logits against the CPU's at every step. And the operations a decode
+ * step queues (nectar_cuda_ops, as benchmark --gpu prints them): a step is
+ * bound by their count, and Nectar's must be at most the exact path's. */
 static void test_forward_matches_cpu(Config c, int n_doc, int block, int n_prompt, int decode) {
     char what[200], tag[128];
     Fixture f;
@@ -567,6 +580,7 @@ static void test_forward_matches_cpu(Config c, int n_doc, int block, int n_promp
     snprintf(what, sizeof(what), "prefill %s: values", tag);
     check_close_f(what, gv, f.cache.value, kv, 1e-4, 1e-3);
     free(gk); free(gv); free(gk_rows); free(gv_rows);
+    long ops[4];  /* per decoded token, docs[r] */
     for (int r = 0; r < 4; r++) {
         const Document *doc = &f.docs[r].cpu, *doc_d = &f.docs[r].gpu;
         RunState s;
@@ -581,7 +595,9 @@ static void test_forward_matches_cpu(Config c, int n_doc, int block, int n_promp
         int same_tokens = 1, token = argmax(s.logits + (size_t)(n_prompt - 1) * V, V);
         for (int i = 0; i < decode; i++) {  /* greedy decode, both fed the CPU's token */
             forward(&f.m, &s, doc, &token, 1, n_prompt + i, LOGITS_LAST);
+            nectar_cuda_ops_reset();
             forward_cuda(&f.m_d, &s_d, doc_d, &token, 1, n_prompt + i, LOGITS_LAST);
+            ops[r] = nectar_cuda_ops();
             for (int j = 0; j < V; j++) max_err = fmax(max_err, fabs(s_d.logits[j] - s.logits[j]));
             same_tokens &= argmax(s_d.logits, V) == argmax(s.logits, V);
             token = argmax(s.logits, V);
@@ -592,6 +608,10 @@ static void test_forward_matches_cpu(Config c, int n_doc, int block, int n_promp
         runstate_free(&s);
         runstate_free_cuda(&s_d);
     }
+    printf("  operations per decoded token, %s: exact %ld, Nectar MLP %ld, Nectar quadrature %ld, no document %ld\n",
+           tag, ops[0], ops[1], ops[2], ops[3]);
+    snprintf(what, sizeof(what), "decode %s: Nectar's operations per token at most the exact path's", tag);
+    check(what, ops[1] <= ops[0] && ops[2] <= ops[0]);
     fixture_free(&f);
     free(prompt);
 }
@@ -735,6 +755,9 @@ int main(void) {
     test_module_matches_cpu(ARCH_QUAD, 16, 17, 0, 0, 0, 37, 1.0f);
     test_module_matches_cpu(ARCH_QUAD, 32, 1, 0, 0, 0, 7, 1.0f);   /* one pair */
     test_module_matches_cpu(ARCH_QUAD, 64, 409, 0, 0, 0, 512, 1.0f);
+    test_module_matches_cpu(ARCH_MLP, 64, 512, 1, 1, 1, 3, 1.0f);   /* a decode step: H / G = 3 queries a module */
+    test_module_matches_cpu(ARCH_MLP, 64, 256, 2, 2, 2, 4, 1.0f);
+    test_module_matches_cpu(ARCH_QUAD, 64, 409, 0, 0, 0, 3, 1.0f);
 
     printf("fitting: clipping alone, then regression gradients, clipping, AdamW\n");
     test_clip_matches_cpu(37, 0.5);

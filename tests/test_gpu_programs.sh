@@ -7,7 +7,8 @@
 #   with the regression loss, with pure KL and with a KL stage after
 #   regression (--kl-steps); infer --eval --gpu refused;
 #   benchmark --gpu: runs to the end on short documents, with MLP and with
-#   quadrature modules.
+#   quadrature modules, and prints Nectar's operations per decoded token at
+#   most the exact path's.
 # usage: tests/test_gpu_programs.sh BINDIR   (BINDIR holds infer, study, benchmark)
 set -u
 bin=${1:-.}
@@ -98,6 +99,14 @@ for run in "mlp 2048" "quad 1024"; do
         $([ $ok = 0 ] && grep -q "^| $2 |" "$tmp/bench" && echo 1 || echo 0)
     [ $ok = 0 ] || cat "$tmp/bench"
 done
+
+# the operations one decoded token queues, as benchmark prints them (a
+# decode step is bound by their count, not by bytes): Nectar's, with either
+# kind of module, at most the exact path's
+set -- $(sed -n 's/^operations per decoded token.*: no document [0-9]*, exact \([0-9]*\), Nectar MLP \([0-9]*\), Nectar quadrature \([0-9]*\)$/\1 \2 \3/p' "$tmp/bench")
+echo "    operations per decoded token: exact ${1:-?}, Nectar MLP ${2:-?}, Nectar quadrature ${3:-?}"
+check "benchmark --gpu: Nectar's operations per token at most exact's" \
+    $([ $# = 3 ] && [ $2 -le $1 ] && [ $3 -le $1 ] && echo 1 || echo 0)
 
 echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]

@@ -13,8 +13,9 @@
  * documents of one length before the prompt, each read from its own KV
  * cache or its own modules, exact against Nectar (the CPU only: the GPU
  * takes one document). --json prints the same as one JSON object. With
- * --gpu (a build with nvcc, `make bench-gpu`) the same on the GPU against
- * cuBLAS sgemm, and module fitting on the GPU against the CPU.
+ * --gpu (a build with nvcc, `make bench-gpu`) the operations one decoded
+ * token queues on the GPU, then the same on the GPU against cuBLAS sgemm,
+ * and module fitting on the GPU against the CPU.
  */
 #include "../nectar.h"
 #include "../src/cli.h"
@@ -480,6 +481,41 @@ static void gpu_generate(const Model *m, const Document *doc, double *ttft_ms, d
     runstate_free_cuda(&s);
 }
 
+/* The operations (nectar_cuda_ops) forward_cuda queues for one token
+ * decoded after the prompt; exits 1 after forward_cuda's sentence. */
+static long gpu_decode_ops(const Model *m, const Document *doc) {
+    int tokens[PROMPT + 1];
+    for (int i = 0; i <= PROMPT; i++) tokens[i] = 3 + (i * 37) % 250;
+    RunStateCuda s;
+    runstate_alloc_cuda(&s, m, doc, PROMPT, PROMPT + 1);
+    if (forward_cuda(m, &s, doc, tokens, PROMPT, 0, LOGITS_LAST) != 0) exit(1);
+    nectar_cuda_ops_reset();
+    if (forward_cuda(m, &s, doc, &tokens[PROMPT], 1, PROMPT, LOGITS_LAST) != 0) exit(1);
+    long ops = nectar_cuda_ops();
+    runstate_free_cuda(&s);
+    return ops;
+}
+
+/* A decode step costs about a launch's latency per operation: the count for
+ * no document, the exact document (its KV cache) and Nectar modules of both
+ * kinds for it, at rho 10%. */
+static void gpu_decode_ops_line(const Model *m, const Document *exact) {
+    const ModuleArch archs[2] = {ARCH_MLP, ARCH_QUAD};
+    long nectar[2];
+    for (int i = 0; i < 2; i++) {
+        ModuleSet host, dev;
+        bench_modules(&m->config, archs[i], exact->n, 0.10f, 0, &host);
+        moduleset_upload_cuda(&dev, &host, 0);
+        Document doc = {DOC_NECTAR, exact->n, NULL, &dev, NULL};
+        nectar[i] = gpu_decode_ops(m, &doc);
+        moduleset_free_cuda(&dev);
+        moduleset_free(&host);
+    }
+    printf("operations per decoded token (kernel launches, copies, cuBLAS calls): no document %ld, exact %ld, "
+           "Nectar MLP %ld, Nectar quadrature %ld\n", gpu_decode_ops(m, &NO_DOCUMENT), gpu_decode_ops(m, exact),
+           nectar[0], nectar[1]);
+}
+
 /* cuBLAS sgemm GFLOP/s for C (M, N) = A (M, K) B^T, as matmul_cuda runs it */
 static double cublas_gflops(int M, int N, int K) {
     float *A = cuda_xmalloc((size_t)M * K * sizeof(float)), *B = cuda_xmalloc((size_t)N * K * sizeof(float));
@@ -559,11 +595,12 @@ static int bench_gpu(const Model *host, const char *model_path, ModuleArch arch,
     Document warm_doc = {DOC_EXACT, 2 * BLOCK, &warm, NULL, NULL};
     gpu_generate(&m, &warm_doc, &ttft, &tps);
     gpu_generate(&m, &NO_DOCUMENT, &ttft, &tps);
-    doccache_free_cuda(&warm);
     printf("GPU: %s; model %s: dim %d, hidden %d, %d layers, %d/%d heads, head size %d, context %d\n", prop.name,
            model_path, c->dim, c->hidden_dim, c->n_layers, c->n_heads, c->n_kv_heads, d, c->seq_len);
     printf("cuBLAS sgemm (fp32), %d x (%d x %d) and %d x (%d x %d): %.0f and %.0f GFLOP/s; at the prefill's mix %.0f GFLOP/s\n",
            BLOCK, c->dim, c->dim, BLOCK, c->hidden_dim, c->dim, g_qkvo, g_ffn, sgemm);
+    gpu_decode_ops_line(&m, &warm_doc);
+    doccache_free_cuda(&warm);
     if (max_doc > c->seq_len)
         printf("note: documents beyond the model's context (%d) are for timing only (RoPE runs past it)\n", c->seq_len);
     printf("prompt %d tokens, then %d decoded; Nectar modules are %s\n\n", PROMPT, DECODE, modules_named(arch));
