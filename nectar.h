@@ -635,7 +635,7 @@ struct Fit {
     int step;                  /* the steps done, through both stages */
     float *adam_m, *adam_v;    /* (n_params) AdamW moments */
     long *pos;                 /* (batch) the step's positions in the targets */
-    float *dlogits;            /* (max_len, V) the KL term's gradient, or NULL without one */
+    float *dlogits;            /* (max_len, V) the CPU's KL term's gradient, or NULL without one */
     ModuleWork work;           /* the CPU's: a module's batch of queries */
     FitBatch batch;
     Document student_doc;      /* the KL term's student: the Nectar model, teacher-forced */

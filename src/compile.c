@@ -257,6 +257,7 @@ static void cpu_start(Fit *f) {
     if (fit_uses_kl(&f->o)) {
         runstate_alloc(&f->student, f->model, &f->student_doc, max_len, max_len);
         runstate_enable_backward(&f->student, f->model);
+        f->dlogits = xmalloc((size_t)max_len * c->vocab_size * sizeof(float));
     }
 }
 
@@ -293,6 +294,8 @@ static void cpu_finish(Fit *f) {
     fitbatch_free(&f->batch);
     modulework_free(&f->work);
     if (fit_uses_kl(&f->o)) runstate_free(&f->student);
+    free(f->dlogits);
+    f->dlogits = NULL;
 }
 
 static const FitBackend CPU_FIT = {cpu_start, cpu_regression, cpu_kl, cpu_update, cpu_download, cpu_finish};
@@ -332,7 +335,6 @@ int fit_begin(Fit *f, const Model *m, ModuleSet *ms, const TeacherData *td, cons
                            o->lambda_kl};
     f->stages[1] = (Stage){o->steps, o->kl_steps, o->kl_lr, 0, 0, 1};
     int max_len = promptset_max_len(prompts);
-    if (fit_uses_kl(o)) f->dlogits = xmalloc((size_t)max_len * c->vocab_size * sizeof(float));
     if (fit_uses_kl(o) && !td->logits && !td->top_k) runstate_alloc(&f->teacher, m, doc, max_len, max_len);
     return 0;
 }
@@ -407,7 +409,7 @@ int fit_steps(Fit *f, int last_step, FitProgressFn progress, void *user) {
 void fit_sync(Fit *f) { f->backend->download(f); }
 
 void fit_end(Fit *f) {
-    free(f->adam_m); free(f->adam_v); free(f->pos); free(f->dlogits);
+    free(f->adam_m); free(f->adam_v); free(f->pos);
     runstate_free(&f->teacher);
     memset(f, 0, sizeof(*f));
 }
